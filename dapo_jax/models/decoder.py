@@ -1,0 +1,244 @@
+"""One Flax NNX decoder for Qwen2/2.5, Qwen3 and Llama 3: GQA attention with RoPE, RMSNorm, SwiGLU.
+
+The model knows nothing of RL. Its whole interface:
+
+    model = Decoder(config, rngs=nnx.Rngs(0))
+    hidden, cache = model(input_ids, positions, attention_mask, cache=None)   # [B, S, d]
+    logits = model.logits(hidden)                                             # [B, S, V] float32
+    w = model.output_embedding()                                              # [d, V]
+
+`attention_mask[b, s] = 1` marks a real token. A query attends to keys at or before it that are
+real; a padding query attends only to itself (so a padding position never attends to a real one,
+and no real position attends to padding). With a `KVCache` the `S` new tokens are written at
+slots `[cache.end, cache.end + S)` and attend over every filled slot: prefill and one-token decode
+are the same call.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from dapo_jax.models.config import ModelConfig
+
+_NEG_INF = -1e30
+
+
+class KVCache(NamedTuple):
+    """Keys and values of every layer, `[L, B, S_max, H_kv, D]`; `mask[b, j]` = slot j holds a real token."""
+
+    k: jax.Array
+    v: jax.Array
+    mask: jax.Array  # [B, S_max] bool
+    end: jax.Array  # int32 scalar: slots [0, end) are filled
+
+    @classmethod
+    def init(cls, config: ModelConfig, batch: int, max_len: int, dtype=None) -> "KVCache":
+        dtype = jnp.dtype(dtype or config.dtype)
+        shape = (config.num_hidden_layers, batch, max_len, config.num_key_value_heads, config.head_dim)
+        return cls(
+            k=jnp.zeros(shape, dtype),
+            v=jnp.zeros(shape, dtype),
+            mask=jnp.zeros((batch, max_len), bool),
+            end=jnp.zeros((), jnp.int32),
+        )
+
+    def repeat(self, n: int) -> "KVCache":
+        """Each row repeated `n` times in place (row b -> rows b*n .. b*n+n-1): G responses share a prompt's prefill."""
+        return KVCache(
+            k=jnp.repeat(self.k, n, axis=1),
+            v=jnp.repeat(self.v, n, axis=1),
+            mask=jnp.repeat(self.mask, n, axis=0),
+            end=self.end,
+        )
+
+
+def positions_from_mask(attention_mask: jax.Array, offset: jax.Array | int = 0) -> jax.Array:
+    """RoPE positions of a (left- or right-) padded batch: real tokens count 0, 1, 2, ...; padding gets 0."""
+    mask = attention_mask.astype(jnp.int32)
+    return jnp.maximum(jnp.cumsum(mask, axis=-1) - 1 + offset, 0) * mask
+
+
+# --------------------------------------------------------------------------- building blocks
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float, *, param_dtype):
+        self.weight = nnx.Param(jnp.ones((dim,), param_dtype))
+        self.eps = eps
+
+    def __call__(self, x):
+        dtype = x.dtype
+        x = x.astype(jnp.float32)
+        x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
+        return (self.weight[...].astype(jnp.float32) * x).astype(dtype)
+
+
+def rope_inv_freq(config: ModelConfig) -> jax.Array:
+    """Inverse frequencies `[D/2]`, with Llama 3's scaling applied where configured."""
+    d = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+    s = config.rope_scaling
+    if s is None:
+        return inv_freq
+    low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+    high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor
+    )
+    smoothed = (1 - smooth) * inv_freq / s.factor + smooth * inv_freq
+    scaled = jnp.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+    is_medium = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
+    return jnp.where(is_medium, smoothed, scaled)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
+    """`x`: [B, S, H, D]; positions [B, S]. HF's rotate-half convention, computed in float32."""
+    freqs = positions[..., None].astype(jnp.float32) * inv_freq  # [B, S, D/2]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
+    cos, sin = jnp.cos(emb), jnp.sin(emb)
+    xf = x.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
+    return (xf * cos + rotated * sin).astype(x.dtype)
+
+
+def _linear(cfg: ModelConfig, n_in: int, n_out: int, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
+    return nnx.Linear(
+        n_in, n_out, use_bias=bias, dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype),
+        kernel_init=nnx.initializers.normal(0.02), rngs=rngs,
+    )
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        h, kv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.cfg = cfg
+        self.q_proj = _linear(cfg, cfg.hidden_size, h * d, cfg.attention_bias, rngs)
+        self.k_proj = _linear(cfg, cfg.hidden_size, kv * d, cfg.attention_bias, rngs)
+        self.v_proj = _linear(cfg, cfg.hidden_size, kv * d, cfg.attention_bias, rngs)
+        self.o_proj = _linear(cfg, h * d, cfg.hidden_size, False, rngs)
+        if cfg.qk_norm:
+            pdt = jnp.dtype(cfg.param_dtype)
+            self.q_norm = RMSNorm(d, cfg.rms_norm_eps, param_dtype=pdt)
+            self.k_norm = RMSNorm(d, cfg.rms_norm_eps, param_dtype=pdt)
+
+    def __call__(self, x, positions, allowed, inv_freq, layer_cache):
+        """`allowed`: [B, S, K] bool; `layer_cache`: None or (k [B,S_max,Hkv,D], v, start)."""
+        cfg = self.cfg
+        b, s, _ = x.shape
+        q = self.q_proj(x).reshape(b, s, cfg.num_attention_heads, cfg.head_dim)
+        k = self.k_proj(x).reshape(b, s, cfg.num_key_value_heads, cfg.head_dim)
+        v = self.v_proj(x).reshape(b, s, cfg.num_key_value_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+        new_kv = None
+        if layer_cache is not None:
+            ck, cv, start = layer_cache
+            ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, start, 0, 0))
+            cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, start, 0, 0))
+            new_kv, k, v = (ck, cv), ck.astype(q.dtype), cv.astype(q.dtype)
+        q = q.reshape(b, s, cfg.num_key_value_heads, cfg.num_query_groups, cfg.head_dim)
+        scores = jnp.einsum("bsgrd,bkgd->bgrsk", q, k, preferred_element_type=jnp.float32)
+        scores = scores / math.sqrt(cfg.head_dim)
+        scores = jnp.where(allowed[:, None, None], scores, _NEG_INF)
+        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+        out = jnp.einsum("bgrsk,bkgd->bsgrd", probs, v).reshape(b, s, -1)
+        return self.o_proj(out), new_kv
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.gate_proj = _linear(cfg, cfg.hidden_size, cfg.intermediate_size, False, rngs)
+        self.up_proj = _linear(cfg, cfg.hidden_size, cfg.intermediate_size, False, rngs)
+        self.down_proj = _linear(cfg, cfg.intermediate_size, cfg.hidden_size, False, rngs)
+
+    def __call__(self, x):
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        pdt = jnp.dtype(cfg.param_dtype)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=pdt)
+        self.self_attn = Attention(cfg, rngs=rngs)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=pdt)
+        self.mlp = MLP(cfg, rngs=rngs)
+
+    def __call__(self, x, positions, allowed, inv_freq, layer_cache):
+        h, new_kv = self.self_attn(self.input_layernorm(x), positions, allowed, inv_freq, layer_cache)
+        x = x + h
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, new_kv
+
+
+def _block_forward(block, x, positions, allowed, inv_freq, layer_cache):
+    return block(x, positions, allowed, inv_freq, layer_cache)
+
+
+_REMAT = {
+    "none": _block_forward,
+    "full": nnx.remat(_block_forward),
+    "dots_saveable": nnx.remat(_block_forward, policy=jax.checkpoint_policies.dots_saveable),
+}
+
+
+class Decoder(nnx.Module):
+    """A causal LM decoder; returns final-normed hidden states, and logits on request."""
+
+    def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+        cfg = self.config = config
+        pdt = jnp.dtype(cfg.param_dtype)
+        self.embed_tokens = nnx.Embed(
+            cfg.vocab_size, cfg.hidden_size, dtype=jnp.dtype(cfg.dtype), param_dtype=pdt,
+            embedding_init=nnx.initializers.normal(0.02), rngs=rngs,
+        )
+        self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_hidden_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=pdt)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = _linear(cfg, cfg.hidden_size, cfg.vocab_size, False, rngs)
+
+    def __call__(self, input_ids, positions, attention_mask, cache: KVCache | None = None):
+        """`input_ids`, `positions`, `attention_mask`: [B, S]. Returns (hidden [B, S, d], cache)."""
+        cfg = self.config
+        real = attention_mask.astype(bool)
+        s = input_ids.shape[1]
+        if cache is None:
+            q_idx = k_idx = jnp.arange(s)
+            key_real = real
+        else:
+            q_idx = cache.end + jnp.arange(s)
+            k_idx = jnp.arange(cache.mask.shape[1])
+            key_real = jax.lax.dynamic_update_slice(cache.mask, real, (0, cache.end))
+        causal = k_idx[None, :] <= q_idx[:, None]  # [S, K]
+        allowed = causal[None] & key_real[:, None, :] & real[:, :, None]
+        allowed = allowed | (k_idx[None, :] == q_idx[:, None])[None]
+        inv_freq = rope_inv_freq(cfg)
+        x = self.embed_tokens(input_ids)
+        forward = _REMAT[cfg.remat]
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.layers):
+            layer_cache = None if cache is None else (cache.k[i], cache.v[i], cache.end)
+            x, kv = forward(layer, x, positions, allowed, inv_freq, layer_cache)
+            if kv is not None:
+                new_k.append(kv[0])
+                new_v.append(kv[1])
+        hidden = self.norm(x)
+        if cache is not None:
+            cache = KVCache(jnp.stack(new_k), jnp.stack(new_v), key_real, cache.end + s)
+        return hidden, cache
+
+    def output_embedding(self) -> jax.Array:
+        """The `[d, V]` matrix that maps hidden states to logits (the embedding's transpose when tied)."""
+        if self.config.tie_word_embeddings:
+            return self.embed_tokens.embedding[...].T
+        return self.lm_head.kernel[...]
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """Full-vocabulary logits `[..., V]` in float32 (use `models.logprobs` to avoid materialising them)."""
+        w = self.output_embedding().astype(self.config.dtype)
+        return jnp.einsum("...d,dv->...v", hidden.astype(w.dtype), w, preferred_element_type=jnp.float32)
