@@ -1,0 +1,5 @@
+"""Evaluation metrics: avg@k, unbiased pass@k, maj@k."""
+
+from dapo_jax.evaluation.metrics import avg_at_k, maj_at_k, majority_index, pass_at_k, summarize
+
+__all__ = ["avg_at_k", "maj_at_k", "majority_index", "pass_at_k", "summarize"]

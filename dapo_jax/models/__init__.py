@@ -1,0 +1,39 @@
+"""The decoder (Qwen2/2.5, Qwen3, Llama 3), its config, Hugging Face checkpoint I/O and sharding rules."""
+
+from dapo_jax.models.config import ModelConfig, ModelConfigError, RopeScaling
+from dapo_jax.models.decoder import Decoder, KVCache, positions_from_mask
+from dapo_jax.models.hf_io import (
+    CheckpointError,
+    load_model_and_tokenizer,
+    load_pretrained,
+    load_tokenizer,
+    save_pretrained,
+)
+from dapo_jax.models.sharding import (
+    PARTITION_RULES,
+    check_divisible,
+    constrain_batch,
+    param_partition_specs,
+    param_shardings,
+    shard_model,
+)
+
+__all__ = [
+    "PARTITION_RULES",
+    "CheckpointError",
+    "Decoder",
+    "KVCache",
+    "ModelConfig",
+    "ModelConfigError",
+    "RopeScaling",
+    "check_divisible",
+    "constrain_batch",
+    "load_model_and_tokenizer",
+    "load_pretrained",
+    "load_tokenizer",
+    "param_partition_specs",
+    "param_shardings",
+    "positions_from_mask",
+    "save_pretrained",
+    "shard_model",
+]

@@ -1,0 +1,309 @@
+"""Hugging Face checkpoints in and out: ``config.json`` + safetensors (single file or sharded).
+
+    model = load_pretrained("Qwen2.5-0.5B-Instruct/", mesh=make_mesh(fsdp=-1))
+    tokenizer = load_tokenizer("Qwen2.5-0.5B-Instruct/")
+    save_pretrained(model, "out/", dtype="bfloat16", tokenizer=tokenizer)   # transformers can load it
+
+Names: HF ``model.layers.3.self_attn.q_proj.weight`` [out, in] <-> our ``layers/3/self_attn/q_proj/kernel``
+[in, out] (transposed); ``model.embed_tokens.weight`` <-> ``embed_tokens/embedding``; norms and biases
+keep their shape; ``lm_head.weight`` <-> ``lm_head/kernel`` (absent when embeddings are tied).
+
+Safety and memory: tensors are read through ``np.memmap`` at the offsets of the safetensors header
+(no pickle, no torch, no remote code; bf16 included, which ``safetensors``' numpy backend cannot
+return). With a mesh, each parameter is built by ``jax.make_array_from_callback`` from the memmap,
+so every device (and every host) reads only its own shard and the full model never sits in host
+memory. Unexpected extra tensors are an ERROR by default (``strict=True``): they mean the checkpoint
+is not the architecture we build (e.g. an MLP bias), and silently dropping weights gives a wrong
+model; ``strict=False`` downgrades them to a warning. Rotary ``inv_freq`` buffers and a tied
+``lm_head.weight`` are always ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+
+from dapo_jax.models.config import ModelConfig
+from dapo_jax.models.decoder import Decoder
+from dapo_jax.models.sharding import check_divisible, partition_spec, path_str
+
+log = logging.getLogger(__name__)
+
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+_FLOAT_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "F64": np.float64}
+_ALWAYS_IGNORED = re.compile(r".*rotary_emb\.inv_freq")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not fit the model: names the tensor and the file."""
+
+
+# --------------------------------------------------------------------------- names
+def hf_name(path: tuple) -> str:
+    """Our NNX path -> the HF tensor name (``('layers', 0, 'mlp', 'up_proj', 'kernel')`` -> ``model.layers.0.mlp.up_proj.weight``)."""
+    *parents, leaf = (str(getattr(p, "key", p)) for p in path)
+    leaf = "weight" if leaf in ("kernel", "embedding") else leaf
+    prefix = [] if parents[:1] == ["lm_head"] else ["model"]
+    return ".".join(prefix + parents + [leaf])
+
+
+def _is_transposed(path: tuple) -> bool:
+    return str(getattr(path[-1], "key", path[-1])) == "kernel"
+
+
+# --------------------------------------------------------------------------- safetensors reading
+class _SafetensorsFile:
+    """Header + lazily memory-mapped tensors of one ``.safetensors`` file."""
+
+    def __init__(self, file: Path):
+        self.file = file
+        try:
+            with open(file, "rb") as f:
+                (n,) = np.frombuffer(f.read(8), "<u8")
+                header = json.loads(f.read(int(n)))
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"{file} is not a readable safetensors file: {e}") from e
+        self.metadata = header.pop("__metadata__", None) or {}
+        self.entries: dict[str, dict] = header
+        self.data_start = 8 + int(n)
+
+    def array(self, name: str) -> np.ndarray:
+        """A read-only memmap view of tensor ``name`` in its stored dtype."""
+        entry = self.entries[name]
+        dtype = _FLOAT_DTYPES.get(entry["dtype"])
+        if dtype is None:
+            raise CheckpointError(
+                f"tensor {name!r} in {self.file} has dtype {entry['dtype']}; expected a float dtype "
+                f"({', '.join(_FLOAT_DTYPES)})"
+            )
+        start, end = entry["data_offsets"]
+        shape = tuple(entry["shape"])
+        if end - start != math.prod(shape) * np.dtype(dtype).itemsize:
+            raise CheckpointError(f"tensor {name!r} in {self.file}: byte size does not match shape {shape}")
+        if not shape or math.prod(shape) == 0:
+            return np.zeros(shape, dtype)
+        return np.memmap(self.file, dtype=dtype, mode="r", offset=self.data_start + start, shape=shape)
+
+
+def _open_checkpoint(root: Path) -> dict[str, _SafetensorsFile]:
+    """Tensor name -> the file that holds it, for a single or sharded checkpoint."""
+    index = root / SAFETENSORS_INDEX
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (ValueError, KeyError) as e:
+            raise CheckpointError(f"{index} is not a valid safetensors index (needs 'weight_map'): {e}") from e
+        files: dict[str, _SafetensorsFile] = {}
+        located = {}
+        for name, shard in weight_map.items():
+            if shard not in files:
+                if not (root / shard).exists():
+                    raise CheckpointError(f"shard file {root / shard} (holding tensor {name!r}) listed in {index} is missing")
+                files[shard] = _SafetensorsFile(root / shard)
+            if name not in files[shard].entries:
+                raise CheckpointError(f"tensor {name!r} is listed in {index} but absent from {root / shard}")
+            located[name] = files[shard]
+        return located
+    single = root / SAFETENSORS_FILE
+    if not single.exists():
+        raise CheckpointError(f"no {SAFETENSORS_FILE} or {SAFETENSORS_INDEX} in {root}")
+    f = _SafetensorsFile(single)
+    return {name: f for name in f.entries}
+
+
+# --------------------------------------------------------------------------- loading
+def load_pretrained(
+    path: str | os.PathLike,
+    *,
+    mesh: Mesh | None = None,
+    param_dtype: str | None = None,
+    dtype: str | None = None,
+    remat: str | None = None,
+    strict: bool = True,
+) -> Decoder:
+    """A :class:`Decoder` with the weights of the HF checkpoint directory ``path``.
+
+    Args:
+      path: directory with ``config.json`` and ``model.safetensors`` or ``model.safetensors.index.json``.
+      mesh: place every parameter directly onto ``NamedSharding(mesh, PARTITION_RULES[param])``;
+        ``None`` puts them on the default device.
+      param_dtype, dtype, remat: override the config (defaults: float32 parameters and compute,
+        whatever the file's ``torch_dtype``, since RL updates want float32 master weights).
+      strict: an unexpected extra tensor raises (``True``) or warns (``False``).
+    Raises:
+      CheckpointError naming the tensor and file (missing, wrong shape, non-float, extra, missing shard);
+      ModelConfigError naming the config field.
+    """
+    root = Path(path)
+    overrides = {k: v for k, v in dict(param_dtype=param_dtype, dtype=dtype, remat=remat).items() if v is not None}
+    config = ModelConfig.from_pretrained(root, **overrides)
+    if mesh is not None:
+        check_divisible(config, mesh)
+    tensors = _open_checkpoint(root)
+
+    abstract = nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    expected = set()
+    for path_, var in nnx.to_flat_state(state):
+        name = hf_name(path_)
+        expected.add(name)
+        if name not in tensors:
+            raise CheckpointError(f"tensor {name!r} (parameter {path_str(path_)}) is missing from the checkpoint in {root}")
+        var.set_value(_load_tensor(tensors[name], name, path_, var.get_value(), mesh))
+
+    extra = sorted(
+        n for n in tensors
+        if n not in expected and not _ALWAYS_IGNORED.fullmatch(n)
+        and not (n == "lm_head.weight" and config.tie_word_embeddings)
+    )
+    if extra:
+        where = sorted({str(tensors[n].file) for n in extra})
+        message = (
+            f"{len(extra)} unexpected tensor(s) in {', '.join(where)} that a {config.model_type} model "
+            f"of this config does not have: {extra[:8]}{' ...' if len(extra) > 8 else ''}"
+        )
+        if strict:
+            raise CheckpointError(message + " (pass strict=False to ignore them)")
+        log.warning(message)
+    return nnx.merge(graphdef, state)
+
+
+def _load_tensor(f: _SafetensorsFile, name: str, path: tuple, abstract: jax.ShapeDtypeStruct, mesh: Mesh | None):
+    stored = f.array(name)
+    host = stored.T if _is_transposed(path) else stored
+    if host.shape != abstract.shape:
+        want = abstract.shape[::-1] if _is_transposed(path) else abstract.shape
+        raise CheckpointError(
+            f"tensor {name!r} in {f.file} has shape {tuple(stored.shape)}, expected {tuple(want)} "
+            f"(parameter {path_str(path)})"
+        )
+    dtype = abstract.dtype
+    if mesh is None:
+        return jax.device_put(np.asarray(host, dtype=dtype))
+    sharding = NamedSharding(mesh, partition_spec(path))
+    # Each device's callback reads only its own slice of the memmap.
+    return jax.make_array_from_callback(host.shape, sharding, lambda idx: np.asarray(host[idx], dtype=dtype))
+
+
+def load_tokenizer(path: str | os.PathLike):
+    """``transformers.AutoTokenizer`` from ``path`` (never remote code)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"cannot load a tokenizer from {path}: {e}") from e
+
+
+def load_model_and_tokenizer(path: str | os.PathLike, **kwargs) -> tuple[Decoder, Any]:
+    """``(load_pretrained(path, **kwargs), load_tokenizer(path))``."""
+    return load_pretrained(path, **kwargs), load_tokenizer(path)
+
+
+# --------------------------------------------------------------------------- saving
+def _to_host(x: jax.Array) -> np.ndarray:
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(jax.device_get(x))
+
+
+def _shards(items: list[tuple[str, jax.Array]], nbytes_of, max_shard_bytes: int) -> list[list[tuple[str, jax.Array]]]:
+    """Greedy split in order; a tensor bigger than the limit gets a shard of its own (as HF does)."""
+    groups, current, size = [], [], 0
+    for item in items:
+        n = nbytes_of(item[1])
+        if current and size + n > max_shard_bytes:
+            groups.append(current)
+            current, size = [], 0
+        current.append(item)
+        size += n
+    if current:
+        groups.append(current)
+    return groups
+
+
+def save_pretrained(
+    model: Decoder,
+    path: str | os.PathLike,
+    *,
+    max_shard_bytes: int = 5 * 1024**3,
+    dtype: str | None = None,
+    tokenizer=None,
+) -> Path:
+    """Writes ``config.json`` and HF-named safetensors that ``transformers`` (and :func:`load_pretrained`) load.
+
+    Args:
+      max_shard_bytes: above this total, tensors are split into ``model-0000k-of-0000n.safetensors``
+        files listed by ``model.safetensors.index.json``.
+      dtype: the stored dtype (e.g. ``"bfloat16"``); ``None`` keeps each parameter's dtype.
+      tokenizer: saved beside the model when given.
+    Only one tensor shard file's worth of parameters is on the host at a time. In a multi-host run
+    every process must call it (sharded arrays are all-gathered); only process 0 writes.
+    """
+    from safetensors.numpy import save_file
+
+    root = Path(path)
+    config = model.config
+    out_dtype = jnp.dtype(dtype) if dtype is not None else None
+    params = [(hf_name(p), p, v.get_value()) for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))]
+    items = [(name, (p, x)) for name, p, x in params]
+    itemsize = lambda px: px[1].size * (out_dtype or px[1].dtype).itemsize  # noqa: E731
+    groups = _shards(items, itemsize, max_shard_bytes)
+    writer = jax.process_index() == 0
+    if writer:
+        root.mkdir(parents=True, exist_ok=True)
+        hf = config.to_hf_dict()
+        hf["torch_dtype"] = str(out_dtype or jnp.dtype(config.param_dtype))
+        (root / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+        for stale in [root / SAFETENSORS_FILE, root / SAFETENSORS_INDEX, *root.glob("model-*-of-*.safetensors")]:
+            stale.unlink(missing_ok=True)  # a previous save with another sharding would shadow this one
+
+    weight_map, total = {}, 0
+    for k, group in enumerate(groups):
+        file = SAFETENSORS_FILE if len(groups) == 1 else f"model-{k + 1:05d}-of-{len(groups):05d}.safetensors"
+        arrays = {}
+        for name, (p, x) in group:
+            host = _to_host(x)
+            host = host.T if _is_transposed(p) else host
+            arrays[name] = np.ascontiguousarray(host, dtype=out_dtype or host.dtype)
+            weight_map[name] = file
+            total += arrays[name].nbytes
+        if writer:
+            save_file(arrays, root / file, metadata={"format": "pt"})
+    if writer and len(groups) > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        (root / SAFETENSORS_INDEX).write_text(json.dumps(index, indent=2) + "\n")
+    if writer and tokenizer is not None:
+        tokenizer.save_pretrained(str(root))
+    return root
+
+
+def checkpoint_tensor_names(path: str | os.PathLike) -> list[str]:
+    """The tensor names stored in a checkpoint directory (for inspection and tests)."""
+    return sorted(_open_checkpoint(Path(path)))
+
+
+__all__ = [
+    "CheckpointError",
+    "checkpoint_tensor_names",
+    "hf_name",
+    "load_model_and_tokenizer",
+    "load_pretrained",
+    "load_tokenizer",
+    "save_pretrained",
+]

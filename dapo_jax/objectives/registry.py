@@ -1,0 +1,81 @@
+"""Names -> pure functions, and named recipes -> `ObjectiveConfig`.
+
+The trainer never branches on an objective's name: it reads the config fields, and the fields name
+entries of these dicts. Recipes live in `configs/objectives/NAME.yaml` (keys = ObjectiveConfig fields).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pydantic
+import yaml
+
+from dapo_jax.objectives import advantages, aggregation, kl, policy_loss
+from dapo_jax.objectives.config import ObjectiveConfig
+
+ADVANTAGES = {
+    "grpo": advantages.grpo,
+    "dr_grpo": advantages.dr_grpo,
+    "rloo": advantages.rloo,
+    "reinforce_pp": advantages.reinforce_pp,
+    "reinforce_pp_baseline": advantages.reinforce_pp_baseline,
+    "batch_norm": advantages.batch_norm,
+}
+POLICY_LOSSES = {
+    "clipped_surrogate": policy_loss.clipped_surrogate,
+    "gspo": policy_loss.gspo,
+    "gspo_token": policy_loss.gspo_token,
+    "cispo": policy_loss.cispo,
+}
+KL_ESTIMATORS = {"k1": kl.k1, "k2": kl.k2, "k3": kl.k3}
+AGGREGATIONS = {
+    "token_mean": aggregation.token_mean,
+    "seq_mean_token_mean": aggregation.seq_mean_token_mean,
+    "seq_mean_token_sum": aggregation.seq_mean_token_sum,
+    "constant_norm": aggregation.constant_norm,
+}
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "objectives"
+
+
+def available_objectives() -> list[str]:
+    """The recipe names in CONFIG_DIR, sorted."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
+def _resolve(name_or_path: str) -> Path:
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.is_file():
+        if not path.is_file():
+            raise FileNotFoundError(f"objective config file {path} does not exist")
+        return path
+    path = CONFIG_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        raise ValueError(
+            f"unknown objective {name_or_path!r}; valid names: {', '.join(available_objectives())} "
+            f"(from {CONFIG_DIR}), or a path to a .yaml file"
+        )
+    return path
+
+
+def load_objective(name_or_path: str, **overrides) -> ObjectiveConfig:
+    """Load a named recipe (`configs/objectives/NAME.yaml`) or a YAML file, then apply `overrides`.
+
+    Unknown keys fail naming the key and the file (or "overrides"); invalid values fail with
+    pydantic's error, which names the field, prefixed by the file.
+    """
+    path = _resolve(name_or_path)
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of ObjectiveConfig fields, got {type(data).__name__}")
+    fields = set(ObjectiveConfig.model_fields)
+    for source, keys in ((str(path), data), ("overrides", overrides)):
+        unknown = sorted(set(keys) - fields)
+        if unknown:
+            raise ValueError(f"unknown ObjectiveConfig key(s) {unknown} in {source}; valid keys: {sorted(fields)}")
+    data.setdefault("name", path.stem)
+    try:
+        return ObjectiveConfig(**{**data, **overrides})
+    except pydantic.ValidationError as err:
+        raise ValueError(f"{path}: invalid objective config: {err}") from err

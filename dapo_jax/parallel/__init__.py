@@ -1,0 +1,23 @@
+"""Device meshes and multi-host start-up; the parameter sharding rules live beside the model."""
+
+from dapo_jax.parallel.mesh import (
+    AXES,
+    BATCH_AXES,
+    MeshError,
+    batch_divisor,
+    batch_sharding,
+    make_mesh,
+    maybe_initialize_distributed,
+    resolve_mesh_shape,
+)
+
+__all__ = [
+    "AXES",
+    "BATCH_AXES",
+    "MeshError",
+    "batch_divisor",
+    "batch_sharding",
+    "make_mesh",
+    "maybe_initialize_distributed",
+    "resolve_mesh_shape",
+]

@@ -1,0 +1,115 @@
+"""The device mesh: three named axes, ``("data", "fsdp", "tensor")``.
+
+- ``data``: pure data parallelism; parameters are replicated over it.
+- ``fsdp``: the batch is split over it *and* parameters are sharded over it (ZeRO-3 style);
+  XLA all-gathers a layer's weights just before use.
+- ``tensor``: Megatron-style tensor parallelism inside each layer (heads, MLP width, vocab).
+
+The batch's leading dimension is split over ``("data", "fsdp")`` together, so a batch of ``B`` rows
+needs ``B % (data * fsdp) == 0``.
+
+Multi-host (TPU pods, GPU clusters): call :func:`maybe_initialize_distributed` first in every
+process, then :func:`make_mesh` over ``jax.devices()`` (all hosts' devices); every process runs the
+same program (SPMD) and feeds its own slice of the batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Sequence
+
+import jax
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+log = logging.getLogger(__name__)
+
+
+class MeshError(ValueError):
+    """A mesh shape that does not fit the devices (or the model)."""
+
+
+def resolve_mesh_shape(n_devices: int, *, data: int = 1, fsdp: int = -1, tensor: int = 1) -> tuple[int, int, int]:
+    """`(data, fsdp, tensor)` with the single ``-1`` axis replaced by the devices left over."""
+    shape = {"data": data, "fsdp": fsdp, "tensor": tensor}
+    free = [name for name, size in shape.items() if size == -1]
+    for name, size in shape.items():
+        if size != -1 and (not isinstance(size, int) or size < 1):
+            raise MeshError(f"mesh axis {name!r} must be a positive integer or -1, got {size!r}")
+    if len(free) > 1:
+        raise MeshError(f"only one mesh axis may be -1 (the rest of the devices), got {free}")
+    fixed = math.prod(size for size in shape.values() if size != -1)
+    if free:
+        if n_devices % fixed:
+            raise MeshError(
+                f"cannot fill axis {free[0]!r}: {n_devices} devices are not divisible by the other axes' product "
+                f"{fixed} ({shape})"
+            )
+        shape[free[0]] = n_devices // fixed
+    elif fixed != n_devices:
+        raise MeshError(f"mesh {shape} has {fixed} slots but there are {n_devices} devices; their product must match")
+    return shape["data"], shape["fsdp"], shape["tensor"]
+
+
+def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A ``("data", "fsdp", "tensor")`` mesh with Auto axis types (XLA propagates the shardings).
+
+    One axis may be ``-1``: it takes the devices left over (by default ``fsdp``, so ``make_mesh()``
+    is plain FSDP over every device). Raises :class:`MeshError` when the product of the axis sizes
+    does not equal the device count.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    shape = resolve_mesh_shape(len(devices), data=data, fsdp=fsdp, tensor=tensor)
+    return jax.make_mesh(shape, AXES, axis_types=(AxisType.Auto,) * len(AXES), devices=devices)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Leading (batch) dimension over ``("data", "fsdp")``; every other dimension replicated."""
+    return NamedSharding(mesh, P(BATCH_AXES))
+
+
+def batch_divisor(mesh: Mesh) -> int:
+    """The number of batch shards: a global batch size must be a multiple of it."""
+    return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def _in_multiprocess_cluster() -> bool:
+    env = os.environ
+    if env.get("JAX_COORDINATOR_ADDRESS") or env.get("MEGASCALE_COORDINATOR_ADDRESS"):
+        return True
+    if int(env.get("SLURM_NTASKS", "1")) > 1 or int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
+        return True
+    return "," in env.get("TPU_WORKER_HOSTNAMES", "")
+
+
+def maybe_initialize_distributed(
+    coordinator_address: str | None = None, num_processes: int | None = None, process_id: int | None = None
+) -> bool:
+    """Starts JAX's multi-process runtime when this process is one of several; returns whether it did.
+
+    Must run before anything touches ``jax.devices()``. Cases:
+
+    - Single process (a laptop, one GPU box, a single TPU VM): no arguments and no cluster variables
+      -> does nothing and returns ``False``.
+    - TPU pod slice: every worker calls it with no arguments; ``jax.distributed.initialize`` finds
+      the coordinator from the TPU metadata (``TPU_WORKER_HOSTNAMES``).
+    - SLURM or Open MPI GPU cluster: no arguments either; JAX reads ``SLURM_*`` / ``OMPI_*``.
+    - Anything else (a hand-launched GPU cluster, Kubernetes): pass ``coordinator_address="host0:1234"``,
+      ``num_processes`` and this process's ``process_id`` (or set ``JAX_COORDINATOR_ADDRESS`` etc.).
+
+    Calling it again after a successful initialisation is a no-op that returns ``True``.
+    """
+    if jax.distributed.is_initialized():
+        return True
+    explicit = any(arg is not None for arg in (coordinator_address, num_processes, process_id))
+    if not explicit and not _in_multiprocess_cluster():
+        return False
+    jax.distributed.initialize(
+        coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id
+    )
+    log.info("jax.distributed initialised: process %d of %d", jax.process_index(), jax.process_count())
+    return True

@@ -1,0 +1,194 @@
+"""The rollout engine: G sampled responses per prompt with a KV cache, under one `jit`.
+
+    generate = make_generate(graphdef, config, num_samples=G)   # compiled once per prompt bucket
+    rollout = generate(state, prompt_ids [P,S], prompt_mask [P,S], key)
+
+1. Prefill each (left-padded) prompt once into a `KVCache` of `S + T` slots, then repeat the cache
+   G times (row p -> rows p*G .. p*G+G-1), so the G responses share one prefill.
+2. Draw token 0 from the prefill's last logits; then a `lax.while_loop` feeds token t-1 at position
+   `n_prompt + t - 1` and draws token t, until every row has emitted an EOS or T tokens exist.
+3. After a row's EOS it emits `pad_token_id` with mask 0 and log-probs 0.
+
+The cache travels in the loop carry, so XLA updates it in place; nothing leaves the device until the
+rollout is complete.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import PartitionSpec
+
+from dapo_jax.models.decoder import Decoder, KVCache, positions_from_mask
+from dapo_jax.sampling.config import SamplingConfig
+from dapo_jax.sampling.processors import sample_tokens
+
+BATCH_AXES = ("data", "fsdp")
+
+
+class Rollout(NamedTuple):
+    """One rollout batch. `P` prompts, `G` responses each, `T = max_new_tokens` (always)."""
+
+    prompt_ids: jax.Array  # [P, S] int32, left-padded
+    prompt_mask: jax.Array  # [P, S] int32
+    response_ids: jax.Array  # [P, G, T] int32; pad_token_id after the EOS
+    response_mask: jax.Array  # [P, G, T] int32; 1 on real tokens including the EOS
+    logprobs: jax.Array  # [P, G, T] f32: log_softmax(logits / temperature)[token]; 0 on padding
+    sampled_logprobs: jax.Array  # [P, G, T] f32: under the truncated distribution sampled from
+    lengths: jax.Array  # [P, G] int32 = response_mask.sum(-1)
+    truncated: jax.Array  # [P, G] bool: reached T tokens without an EOS
+
+
+class _Carry(NamedTuple):
+    t: jax.Array  # next token index to draw
+    cache: KVCache
+    logits: jax.Array  # [B, V] f32, for token t
+    done: jax.Array  # [B] bool: an EOS was emitted before token t
+    tokens: jax.Array  # [B, T]
+    mask: jax.Array  # [B, T]
+    logp: jax.Array  # [B, T]
+    logq: jax.Array  # [B, T]
+
+
+def _batch_sharding(x: jax.Array) -> jax.Array:
+    """Shard dim 0 over ("data", "fsdp") when a mesh with those axes is active and divides it."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not all(a in mesh.axis_names for a in BATCH_AXES):
+        return x
+    ways = mesh.shape["data"] * mesh.shape["fsdp"]
+    if ways == 1 or x.shape[0] % ways:
+        return x
+    spec = PartitionSpec(BATCH_AXES, *([None] * (x.ndim - 1)))
+    return jax.lax.with_sharding_constraint(x, spec)
+
+
+def _shard_cache(cache: KVCache) -> KVCache:
+    k = cache.k
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not all(a in mesh.axis_names for a in BATCH_AXES):
+        return cache
+    ways = mesh.shape["data"] * mesh.shape["fsdp"]
+    if ways == 1 or k.shape[1] % ways:
+        return cache
+    spec = PartitionSpec(None, BATCH_AXES, None, None, None)
+    return cache._replace(
+        k=jax.lax.with_sharding_constraint(k, spec),
+        v=jax.lax.with_sharding_constraint(cache.v, spec),
+        mask=_batch_sharding(cache.mask),
+    )
+
+
+def _is_eos(tokens: jax.Array, eos_token_ids: tuple[int, ...]) -> jax.Array:
+    if not eos_token_ids:
+        return jnp.zeros(tokens.shape, bool)
+    return jnp.any(tokens[..., None] == jnp.asarray(eos_token_ids, tokens.dtype), axis=-1)
+
+
+def rollout_with_steps(
+    model: Decoder, prompt_ids: jax.Array, prompt_mask: jax.Array, key: jax.Array,
+    *, config: SamplingConfig, num_samples: int,
+) -> tuple[Rollout, jax.Array]:
+    """The traced body of `generate`; also returns the number of decode forwards run (early exit)."""
+    p, s = prompt_ids.shape
+    g, t_max = num_samples, config.max_new_tokens
+    b = p * g
+    prompt_ids = _batch_sharding(prompt_ids.astype(jnp.int32))
+    prompt_mask = _batch_sharding(prompt_mask.astype(jnp.int32))
+
+    cache = _shard_cache(KVCache.init(model.config, p, s + t_max))
+    positions = positions_from_mask(prompt_mask)
+    hidden, cache = model(prompt_ids, positions, prompt_mask, cache=cache)
+    # left padding puts every prompt's last real token in the last column
+    last_logits = model.logits(hidden[:, -1])  # [P, V]
+    cache = _shard_cache(cache.repeat(g))
+    logits = _batch_sharding(jnp.repeat(last_logits, g, axis=0))  # [B, V]
+    n_prompt = jnp.repeat(prompt_mask.sum(axis=-1), g).astype(jnp.int32)  # [B]
+
+    def draw(carry: _Carry) -> _Carry:
+        """Draws token t from carry.logits and records it (pad / mask 0 on finished rows)."""
+        t = carry.t
+        tok, lp, lq = sample_tokens(jax.random.fold_in(key, t), carry.logits, config=config)
+        live = ~carry.done
+        tok = jnp.where(live, tok, config.pad_token_id)
+        lp, lq = jnp.where(live, lp, 0.0), jnp.where(live, lq, 0.0)
+        col = lambda buf, v: jax.lax.dynamic_update_slice(buf, v[:, None].astype(buf.dtype), (0, t))
+        return carry._replace(
+            done=carry.done | (live & _is_eos(tok, config.eos_token_ids)),
+            tokens=col(carry.tokens, tok), mask=col(carry.mask, live.astype(jnp.int32)),
+            logp=col(carry.logp, lp), logq=col(carry.logq, lq),
+        )
+
+    def cond(carry: _Carry) -> jax.Array:
+        return (carry.t < t_max) & ~jnp.all(carry.done)
+
+    def body(carry: _Carry) -> _Carry:
+        prev = jax.lax.dynamic_slice_in_dim(carry.tokens, carry.t - 1, 1, axis=1)  # [B, 1]
+        pos = (n_prompt + carry.t - 1)[:, None]
+        hidden, cache = model(prev, pos, jnp.ones_like(prev), cache=carry.cache)
+        logits = _batch_sharding(model.logits(hidden[:, -1]))
+        return draw(carry._replace(cache=cache, logits=logits))._replace(t=carry.t + 1)
+
+    zeros_bt = lambda dtype: _batch_sharding(jnp.zeros((b, t_max), dtype))
+    carry = _Carry(
+        t=jnp.zeros((), jnp.int32), cache=cache, logits=logits, done=jnp.zeros((b,), bool),
+        tokens=_batch_sharding(jnp.full((b, t_max), config.pad_token_id, jnp.int32)),
+        mask=zeros_bt(jnp.int32), logp=zeros_bt(jnp.float32), logq=zeros_bt(jnp.float32),
+    )
+    carry = draw(carry)._replace(t=jnp.ones((), jnp.int32))
+    carry = jax.lax.while_loop(cond, body, carry)
+
+    shape = lambda x: x.reshape(p, g, *x.shape[1:])
+    lengths = carry.mask.sum(axis=-1).astype(jnp.int32)
+    rollout = Rollout(
+        prompt_ids=prompt_ids, prompt_mask=prompt_mask,
+        response_ids=shape(carry.tokens), response_mask=shape(carry.mask),
+        logprobs=shape(carry.logp), sampled_logprobs=shape(carry.logq),
+        lengths=shape(lengths), truncated=shape(~carry.done),
+    )
+    return rollout, carry.t - 1
+
+
+def make_generate(graphdef: nnx.GraphDef, config: SamplingConfig, num_samples: int, *, with_steps: bool = False):
+    """A jitted `generate(state, prompt_ids [P,S], prompt_mask [P,S], key) -> Rollout`.
+
+    `graphdef, state = nnx.split(model)`. It compiles once per prompt shape `[P, S]` (use
+    `pad_to_bucket`); the same key gives an identical rollout. Under `jax.set_mesh(mesh)` the batch
+    is sharded over ("data", "fsdp") and the weights keep the sharding they carry.
+    With `with_steps=True` it returns `(rollout, decode_steps)`, the number of decode forwards run
+    (< T - 1 when every row finished early).
+    """
+    if not isinstance(config, SamplingConfig):
+        raise TypeError(f"config must be a SamplingConfig, got {type(config).__name__}")
+    if not isinstance(num_samples, int) or num_samples <= 0:
+        raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
+
+    @jax.jit
+    def generate_fn(state, prompt_ids, prompt_mask, key):
+        if prompt_ids.ndim != 2 or prompt_ids.shape != prompt_mask.shape:
+            raise ValueError(
+                f"prompt_ids {tuple(prompt_ids.shape)} and prompt_mask {tuple(prompt_mask.shape)} "
+                "must both be [P, S]"
+            )
+        model = nnx.merge(graphdef, state)
+        out = rollout_with_steps(model, prompt_ids, prompt_mask, key, config=config, num_samples=num_samples)
+        return out if with_steps else out[0]
+
+    return generate_fn
+
+
+_GENERATE_CACHE: dict = {}
+
+
+def generate(
+    model: Decoder, prompt_ids: jax.Array, prompt_mask: jax.Array, key: jax.Array,
+    *, num_samples: int, config: SamplingConfig,
+) -> Rollout:
+    """Convenience: `make_generate(*nnx.split(model)...)` with the compiled function reused across calls."""
+    graphdef, state = nnx.split(model)
+    cache_key = (graphdef, config, num_samples)
+    if cache_key not in _GENERATE_CACHE:
+        _GENERATE_CACHE[cache_key] = make_generate(graphdef, config, num_samples)
+    return _GENERATE_CACHE[cache_key](state, prompt_ids, prompt_mask, key)

@@ -1,0 +1,292 @@
+"""A run's whole configuration: YAML -> frozen, validated pydantic models.
+
+    cfg = load_config("configs/tiny_dapo.yaml", ["rollout.G=8", "train.run_dir=runs/x"])
+
+Every section forbids unknown keys. A bad key, a wrong type or an impossible value (G < 2,
+a batch that does not split over the mesh, eps_high < eps_low, ...) raises `ConfigError`
+naming the dotted key and the file, before any model is loaded. The objective is picked by
+name through `dapo_jax.objectives.registry.load_objective`; nothing else looks at the name.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any, Literal
+
+import pydantic
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CONFIG_DIR = REPO_ROOT / "configs"
+DEFAULT_CONFIG = CONFIG_DIR / "tiny_dapo.yaml"
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message names the key and the file."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSection(_Section):
+    path: str = "dapo_jax/assets/tiny_base"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    param_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    remat: Literal["none", "full", "dots_saveable"] = "none"
+
+
+class SourceSection(_Section):
+    """One prompt source: the built-in synthetic task, or a file / folder / hub name read by `dapo_jax.data`."""
+
+    name: str = "synthetic"  # "synthetic", a .jsonl/.json/.parquet/.csv file, a saved dataset dir, or a hub name
+    split: str = "train"
+    format: str = "synthetic"  # dapo_jax.data.datasets.FORMATS: gsm8k, math500, dapo_math, aime, amc, custom, ...
+    prompt_field: str | None = None  # override the format's field paths (dotted)
+    answer_field: str | None = None
+    template: Literal["raw", "dapo", "chat", "dapo_chat"] = "raw"
+    limit: int | None = Field(default=None, gt=0)
+    options: dict[str, Any] = Field(default_factory=dict)  # synthetic task only: max_operand, ops, heldout_size
+
+
+class DataSection(_Section):
+    train: SourceSection = SourceSection()
+    eval: SourceSection | None = SourceSection(split="heldout")
+    eval_size: int = Field(default=64, gt=0)
+    max_prompt_length: int = Field(default=64, gt=0)
+    seed: int = 0
+
+
+class ObjectiveSection(_Section):
+    """`{name: dapo, eps_high: 0.3, ...}`: a registered objective plus field overrides."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    name: str = "dapo"
+
+    @property
+    def overrides(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+    def build(self, *, max_response_length: int | None = None):
+        """The `ObjectiveConfig` this section names; `max_response_length` fills the objective's if unset."""
+        from dapo_jax.objectives.registry import load_objective
+
+        cfg = load_objective(self.name, **self.overrides)
+        if cfg.max_response_length is None and max_response_length is not None:
+            cfg = load_objective(self.name, **{**self.overrides, "max_response_length": max_response_length})
+        return cfg
+
+
+class RolloutSection(_Section):
+    G: int = Field(default=8, ge=2)
+    train_batch: int = Field(default=8, gt=0)  # prompts (groups) per optimizer batch
+    gen_batch: int = Field(default=16, gt=0)  # prompts generated per dynamic-sampling round
+    max_gen_batches: int = Field(default=10, gt=0)
+    on_starvation: Literal["fail", "train_on_kept"] = "fail"
+    carry_surplus: bool = False
+    recompute_old_logp: bool = False  # True when the sampler ran a different precision
+    temperature: float = Field(default=1.0, gt=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = Field(default=0, ge=0)
+    max_new_tokens: int = Field(default=16, gt=0)
+
+
+class OptimSection(_Section):
+    lr: float = Field(default=1e-6, gt=0)
+    warmup_steps: int = Field(default=0, ge=0)
+    schedule: Literal["constant", "cosine"] = "constant"
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
+    weight_decay: float = Field(default=0.1, ge=0)
+    b1: float = Field(default=0.9, ge=0, lt=1)
+    b2: float = Field(default=0.999, ge=0, lt=1)
+    eps: float = Field(default=1e-8, gt=0)
+    grad_clip: float | None = Field(default=1.0, gt=0)
+    num_minibatches: int = Field(default=1, gt=0)
+    micro_batches: int = Field(default=1, gt=0)
+
+
+class DistributedSection(_Section):
+    coordinator: str | None = None
+    num_processes: int | None = Field(default=None, gt=0)
+    process_id: int | None = Field(default=None, ge=0)
+
+
+class MeshSection(_Section):
+    data: int = Field(default=1, gt=0)
+    fsdp: int = Field(default=1, gt=0)
+    tensor: int = Field(default=1, gt=0)
+    distributed: DistributedSection | None = None
+
+
+class TrainSection(_Section):
+    steps: int = Field(default=10, ge=0)
+    seed: int = 0
+    eval_every: int = Field(default=0, ge=0)  # 0 = only at the start and the end
+    eval_k: int = Field(default=4, gt=0)
+    eval_temperature: float = Field(default=1.0, ge=0)  # 0 = greedy
+    eval_top_p: float = Field(default=1.0, gt=0, le=1)
+    checkpoint_every: int = Field(default=0, ge=0)  # 0 = only at the end
+    keep_checkpoints: int = Field(default=2, gt=0)
+    run_dir: str = "runs/tiny_dapo"
+    progress: bool = True
+    tensorboard: bool = True
+
+
+class RewardFunction(_Section):
+    name: str  # dapo_jax.rewards.REWARDS: integer, dapo_answer, gsm8k, boxed, math_verify, format
+    weight: float = 1.0
+    options: dict[str, Any] = Field(default_factory=dict)  # the check's keyword options
+
+
+class RewardSection(_Section):
+    functions: list[RewardFunction] = Field(default_factory=lambda: [RewardFunction(name="integer")])
+    right: float | None = None  # None = the objective's reward_correct
+    wrong: float | None = None  # None = the objective's reward_wrong
+    on_error: Literal["raise", "wrong"] = "wrong"
+
+
+class RunConfig(_Section):
+    model: ModelSection = ModelSection()
+    data: DataSection = DataSection()
+    objective: ObjectiveSection = ObjectiveSection()
+    rollout: RolloutSection = RolloutSection()
+    optim: OptimSection = OptimSection()
+    mesh: MeshSection = MeshSection()
+    train: TrainSection = TrainSection()
+    reward: RewardSection = RewardSection()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "RunConfig":
+        r, o, m = self.rollout, self.optim, self.mesh
+        shards = m.data * m.fsdp
+        checks = [
+            ("rollout.train_batch", r.train_batch % (o.num_minibatches * o.micro_batches) == 0,
+             f"train_batch={r.train_batch} must split into num_minibatches={o.num_minibatches} x "
+             f"micro_batches={o.micro_batches}"),
+            ("rollout.train_batch", (r.train_batch // (o.num_minibatches * o.micro_batches or 1)) % shards == 0,
+             f"each micro-batch of train_batch={r.train_batch} must split over the mesh's data*fsdp={shards} "
+             f"devices (train_batch divisible by num_minibatches*micro_batches*data*fsdp)"),
+            ("rollout.gen_batch", r.gen_batch % shards == 0,
+             f"gen_batch={r.gen_batch} is not divisible over the mesh's data*fsdp={shards}"),
+            ("rollout.max_gen_batches", r.max_gen_batches * r.gen_batch >= r.train_batch,
+             f"max_gen_batches*gen_batch={r.max_gen_batches * r.gen_batch} can never fill "
+             f"train_batch={r.train_batch}"),
+            ("reward.functions", len(self.reward.functions) > 0, "at least one reward function is needed"),
+        ]
+        from dapo_jax.rewards import REWARDS
+
+        checks += [(f"reward.functions.{i}.name", f.name in REWARDS, f"unknown reward {f.name!r}; known: {REWARDS}")
+                   for i, f in enumerate(self.reward.functions)]
+        for key, ok, msg in checks:
+            if not ok:
+                raise _KeyedError(key, msg)
+        try:
+            objective = self.objective.build(max_response_length=r.max_new_tokens)
+        except (ValueError, TypeError, KeyError, pydantic.ValidationError) as e:
+            raise _KeyedError("objective", f"{type(e).__name__}: {e}") from e
+        if objective.max_response_length is not None and objective.max_response_length < r.max_new_tokens:
+            raise _KeyedError("objective.max_response_length",
+                              f"{objective.max_response_length} < rollout.max_new_tokens={r.max_new_tokens}")
+        return self
+
+    @functools.cached_property
+    def objective_config(self):
+        """The resolved `ObjectiveConfig` (frozen, hashable: a static jit argument)."""
+        return self.objective.build(max_response_length=self.rollout.max_new_tokens)
+
+    def to_yaml(self) -> str:
+        data = self.model_dump(mode="json")
+        resolved = self.objective_config
+        dump = resolved.model_dump(mode="json") if hasattr(resolved, "model_dump") else {}
+        dump.pop("name", None)
+        data["objective"] = {"name": self.objective.name, **dump}
+        return yaml.safe_dump(data, sort_keys=False)
+
+
+class _KeyedError(ValueError):
+    def __init__(self, key: str, msg: str):
+        super().__init__(f"{key}: {msg}")
+        self.key, self.msg = key, msg
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any, source: str) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for i, k in enumerate(keys[:-1]):
+        child = node.get(k)
+        if child is None:
+            child = node[k] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"{source}: override {dotted!r}: {'.'.join(keys[:i + 1])} is not a section")
+        node = child
+    node[keys[-1]] = value
+
+
+def parse_overrides(overrides: list[str] | tuple[str, ...]) -> list[tuple[str, Any]]:
+    """`["a.b=3", "c=[1, 2]"]` -> [("a.b", 3), ("c", [1, 2])]; values parsed by `yaml.safe_load`."""
+    parsed = []
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise ConfigError(f"override {item!r} must look like key.sub=value")
+        key, raw = item.split("=", 1)
+        value = yaml.safe_load(raw) if raw.strip() else None
+        parsed.append((key.strip(), value))
+    return parsed
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Reads `path` (None = the embedded default), applies dotted overrides, validates everything."""
+    path = Path(path) if path is not None else DEFAULT_CONFIG
+    if path.is_dir():
+        path = path / "config.yaml"
+    if not path.exists():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
+    for key, value in parse_overrides(overrides):
+        _set_dotted(data, key, value, str(path))
+    return config_from_dict(data, source=str(path))
+
+
+def config_from_dict(data: dict, *, source: str = "<dict>") -> RunConfig:
+    try:
+        return RunConfig.model_validate(data)
+    except pydantic.ValidationError as e:
+        lines = []
+        for err in e.errors():
+            key = ".".join(str(p) for p in err["loc"]) or "<root>"
+            ctx = err.get("ctx", {}).get("error")
+            if isinstance(ctx, _KeyedError):
+                key = ctx.key if key == "<root>" else f"{key}.{ctx.key}" if not ctx.key.startswith(key) else ctx.key
+                lines.append(f"{source}: {key}: {ctx.msg}")
+                continue
+            msg = err["msg"]
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key"
+            lines.append(f"{source}: {key}: {msg} (got {err.get('input')!r})")
+        raise ConfigError("invalid config\n  " + "\n  ".join(lines)) from None
+
+
+def save_config(config: RunConfig, run_dir: str | Path) -> Path:
+    """Writes the resolved config to `run_dir/config.yaml` (what a resume and `eval` reload)."""
+    out = Path(run_dir) / "config.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".yaml.tmp")
+    tmp.write_text(config.to_yaml())
+    tmp.replace(out)
+    return out
+
+
+def resolve_path(path: str | Path) -> Path:
+    """A path as given if it exists (or is absolute), else relative to the repository root."""
+    p = Path(path).expanduser()
+    if p.is_absolute() or p.exists():
+        return p
+    candidate = REPO_ROOT / p
+    return candidate if candidate.exists() else p

@@ -1,0 +1,102 @@
+"""Per-step metrics: one JSON object per line in RUN_DIR/metrics.jsonl, the same to TensorBoard.
+
+    writer = MetricsWriter(run_dir, tensorboard=True)
+    writer.write(step, {"reward_mean": 0.1, ...})      # appended and flushed at once
+    compile_count()                                    # XLA compilations in this process so far
+
+A line is flushed as soon as it is written, so a killed run loses nothing already logged. After a
+resume the same step may appear twice (logged, then redone from the checkpoint); readers keep the
+last line of each step (`read_metrics`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from pathlib import Path
+
+import jax
+import numpy as np
+
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_compiles = 0
+_lock = threading.Lock()
+_registered = False
+
+
+def _on_event(event: str, duration: float, **_) -> None:
+    global _compiles
+    if event == _COMPILE_EVENT:
+        with _lock:
+            _compiles += 1
+
+
+def compile_count() -> int:
+    """Backend compilations since the first call (installs a `jax.monitoring` listener once)."""
+    global _registered
+    if not _registered:
+        jax.monitoring.register_event_duration_secs_listener(_on_event)
+        _registered = True
+    return _compiles
+
+
+def _plain(value):
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    try:
+        f = float(np.asarray(value))
+    except (TypeError, ValueError):
+        return str(value)
+    return f if math.isfinite(f) else None if math.isnan(f) else (math.inf if f > 0 else -math.inf)
+
+
+class MetricsWriter:
+    """Appends `{"step": s, **metrics}` lines to metrics.jsonl and scalars to TensorBoard."""
+
+    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True):
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a", buffering=1)
+        self._tb = None
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"), flush_secs=10)
+
+    def write(self, step: int, metrics: dict) -> dict:
+        row = {"step": int(step), **{k: _plain(v) for k, v in metrics.items()}}
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for k, v in row.items():
+                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                    self._tb.add_scalar(k, v, int(step))
+        return row
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(run_dir_or_file: str | Path) -> list[dict]:
+    """The rows of metrics.jsonl in step order, the last line of each step winning (resumes redo steps).
+
+    Rows with the same step but different kinds (train / eval) are merged, later keys winning.
+    A torn last line (the process was killed mid-write) is ignored.
+    """
+    path = Path(run_dir_or_file)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    by_step: dict[int, dict] = {}
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if "step" in row:
+            by_step.setdefault(int(row["step"]), {}).update(row)
+    return [by_step[s] for s in sorted(by_step)]

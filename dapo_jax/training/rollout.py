@@ -1,0 +1,161 @@
+"""Host side of a step: generate -> decode -> reward -> overlong shaping -> dynamic sampling.
+
+    groups, stats, carry = collect_groups(sample_round, keep_fn, train_batch=P, max_gen_batches=10, ...)
+
+`sample_round(i)` runs generation round `i` (a generation batch of prompts, G responses each) and
+returns scored `Groups`. DAPO's dynamic sampling (objectives.md §6) keeps the groups whose
+correctness (or reward) has non-zero spread, refilling with further rounds until `train_batch`
+groups are kept; it trains on exactly `train_batch` of them. After `max_gen_batches` rounds it
+either fails with a message or pads the batch with mask-0 groups (fixed shapes, no recompile).
+Surplus kept groups can be carried to the next step (their `old_logp` is their own sampler's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+
+
+class StarvationError(RuntimeError):
+    """Dynamic sampling could not keep `train_batch` groups within `max_gen_batches` rounds."""
+
+
+@dataclasses.dataclass
+class Groups:
+    """`N` prompt groups on the host (NumPy), the unit dynamic sampling keeps or drops."""
+
+    prompt_ids: np.ndarray  # [N, S] int32 left-padded
+    prompt_mask: np.ndarray  # [N, S] int32
+    response_ids: np.ndarray  # [N, G, T] int32
+    response_mask: np.ndarray  # [N, G, T] float32 (after overlong filtering)
+    old_logp: np.ndarray  # [N, G, T] float32: the sampler's log-probs
+    rewards: np.ndarray  # [N, G] float32: shaped total reward (correctness + overlong penalty)
+    correct: np.ndarray  # [N, G] bool
+    lengths: np.ndarray  # [N, G] int32
+    truncated: np.ndarray  # [N, G] bool
+    valid: np.ndarray  # [N] bool: False on padding groups (starvation)
+    age: np.ndarray  # [N] int32: steps since sampled (carried groups are 1+)
+
+    def __len__(self) -> int:
+        return int(self.prompt_ids.shape[0])
+
+    def take(self, idx) -> "Groups":
+        return Groups(**{f.name: getattr(self, f.name)[idx] for f in dataclasses.fields(self)})
+
+    @staticmethod
+    def concat(parts: list["Groups"]) -> "Groups":
+        return Groups(**{f.name: np.concatenate([getattr(p, f.name) for p in parts])
+                         for f in dataclasses.fields(Groups)})
+
+    def padding(self, n: int) -> "Groups":
+        """`n` mask-0 groups shaped like these (trained on as zeros: no loss, no gradient)."""
+        def blank(x):
+            return np.zeros((n, *x.shape[1:]), x.dtype)
+        out = Groups(**{f.name: blank(getattr(self, f.name)) for f in dataclasses.fields(self)})
+        out.prompt_mask[:, -1] = 1  # the logprob forward needs one real prompt token per row
+        return out
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @staticmethod
+    def from_state_dict(d: dict) -> "Groups":
+        return Groups(**{f.name: np.asarray(d[f.name]) for f in dataclasses.fields(Groups)})
+
+
+def spread_keep(groups: Groups, *, metric: str = "correct") -> np.ndarray:
+    """`[N]` bool: the group's `metric` ("correct" or "reward") is not constant over its G responses."""
+    values = groups.correct.astype(np.float32) if metric == "correct" else groups.rewards
+    return values.max(axis=1) > values.min(axis=1)
+
+
+def collect_groups(
+    sample_round: Callable[[int], Groups],
+    keep_fn: Callable[[Groups], np.ndarray] | None,
+    *,
+    train_batch: int,
+    max_gen_batches: int,
+    on_starvation: str = "fail",
+    carry: Groups | None = None,
+    carry_surplus: bool = False,
+) -> tuple[Groups, dict, Groups | None]:
+    """Runs generation rounds until `train_batch` groups are kept; returns (batch, stats, new carry).
+
+    Args:
+      sample_round: round index -> scored `Groups` of one generation batch.
+      keep_fn: groups -> `[N]` bool keep mask; None keeps everything (no dynamic sampling, one round).
+      train_batch: groups per training batch; the result has exactly this many (padding included).
+      max_gen_batches: the most rounds per step.
+      on_starvation: "fail" raises `StarvationError`; "train_on_kept" pads with `valid=False` groups.
+      carry, carry_surplus: kept groups left over from the previous step, and whether to keep this
+        step's surplus for the next one (else it is discarded, as verl does).
+
+    Stats (fractions are over every group generated this step): `kept_fraction`,
+    `all_correct_fraction`, `all_wrong_fraction`, `gen_rounds`, `carried_in`, `surplus`, and the
+    generated responses' `reward_mean/std`, `accuracy`, `response_length_mean/max`,
+    `truncated_fraction`.
+    """
+    kept: list[Groups] = []
+    generated: list[Groups] = []
+    n_kept = 0
+    if carry is not None and len(carry):
+        carry.age = carry.age + 1
+        kept.append(carry)
+        n_kept = len(carry)
+    rounds = 0
+    while n_kept < train_batch and rounds < max_gen_batches:
+        fresh = sample_round(rounds)
+        rounds += 1
+        generated.append(fresh)
+        keep = np.ones(len(fresh), bool) if keep_fn is None else np.asarray(keep_fn(fresh), bool)
+        if keep.shape != (len(fresh),):
+            raise ValueError(f"keep mask must be [{len(fresh)}], got {keep.shape}")
+        if keep.any():
+            kept.append(fresh.take(np.flatnonzero(keep)))
+            n_kept += int(keep.sum())
+        if keep_fn is None:
+            break
+    all_gen = Groups.concat(generated) if generated else None
+    stats = _round_stats(all_gen, n_kept - (len(carry) if carry is not None else 0), rounds)
+    stats["carried_in"] = float(len(carry)) if carry is not None else 0.0
+    if n_kept < train_batch:
+        if on_starvation == "fail" or n_kept == 0 and all_gen is None:
+            raise StarvationError(
+                f"dynamic sampling kept {n_kept} of the {train_batch} groups needed after "
+                f"rollout.max_gen_batches={max_gen_batches} generation rounds (every other group's "
+                f"responses were all right or all wrong); raise rollout.max_gen_batches or rollout.gen_batch, "
+                f"or set rollout.on_starvation=train_on_kept"
+            )
+        template = kept[0] if kept else all_gen
+        kept.append(template.padding(train_batch - n_kept))
+    pool = Groups.concat(kept)
+    batch = pool.take(np.arange(train_batch))
+    surplus = pool.take(np.arange(train_batch, len(pool))) if len(pool) > train_batch else None
+    stats["surplus"] = float(len(surplus)) if surplus is not None else 0.0
+    stats["trained_groups"] = float(batch.valid.sum())
+    return batch, stats, (surplus if carry_surplus else None)
+
+
+def _round_stats(g: Groups | None, n_kept_fresh: int, rounds: int) -> dict:
+    if g is None:
+        return {"gen_rounds": 0.0, "kept_fraction": 1.0}
+    n = len(g)
+    allc = g.correct.all(axis=1)
+    allw = ~g.correct.any(axis=1)
+    lengths = g.lengths.astype(np.float64)
+    return {
+        "gen_rounds": float(rounds),
+        "generated_groups": float(n),
+        "kept_fraction": n_kept_fresh / n,
+        "all_correct_fraction": float(allc.mean()),
+        "all_wrong_fraction": float(allw.mean()),
+        "reward_mean": float(g.rewards.mean()),
+        "reward_std": float(g.rewards.std()),
+        "accuracy": float(g.correct.mean()),
+        "response_length_mean": float(lengths.mean()),
+        "response_length_max": float(lengths.max()),
+        "truncated_fraction": float(g.truncated.mean()),
+        "rollout_tokens": float(lengths.sum()),
+    }

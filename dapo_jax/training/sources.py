@@ -1,0 +1,101 @@
+"""The trainer's view of data and rewards, over `dapo_jax.data` and `dapo_jax.rewards`.
+
+    stream = make_stream(cfg.data.train, tokenizer, max_prompt_length=64, seed=0)  # data.PromptStream
+    batch = stream.next_batch(n)           # input_ids [n, max_prompt_length] (one fixed shape), answers
+    scorer = make_scorer(cfg.reward, objective)   # (responses, truths) -> (rewards [N], correct [N], keys)
+
+Prompts are always padded to exactly `max_prompt_length` (a single bucket), so the jitted sampler
+and update compile once. The stream's `state_dict()` goes into every checkpoint, so a resumed run
+consumes exactly the prompts an uninterrupted one would have.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from dapo_jax.data.datasets import DataError, Problem, load_problems, to_problems
+from dapo_jax.training.config import resolve_path
+
+__all__ = ["DataError", "load_source", "make_stream", "decode_responses", "make_scorer"]
+
+
+def load_source(source, *, seed: int = 0) -> list[Problem]:
+    """The problems of one configured source (the synthetic task, a file, a folder or a hub name)."""
+    if source.name == "synthetic":
+        from dapo_jax.data.synthetic import synthetic_rows
+
+        split = "heldout" if source.split in ("test", "heldout") else source.split
+        try:
+            rows = synthetic_rows(split, seed=seed, **source.options)
+        except (TypeError, ValueError) as e:
+            raise DataError(f"data source 'synthetic' (split={split!r}, options={source.options}): {e}") from e
+        problems = to_problems(rows, "synthetic", source="synthetic")
+    else:
+        if source.options:
+            raise DataError(f"data source {source.name!r}: options are only for the synthetic task")
+        path = resolve_path(source.name)
+        problems = load_problems(path if path.exists() else source.name, format=source.format, split=source.split,
+                                 problem_field=source.prompt_field, answer_field=source.answer_field)
+    if source.limit:
+        problems = problems[: source.limit]
+    if not problems:
+        raise DataError(f"data source {source.name!r} (split={source.split!r}) has no rows")
+    return problems
+
+
+def make_stream(source, tokenizer, *, max_prompt_length: int, seed: int, shuffle: bool = True):
+    """A resumable `dapo_jax.data.PromptStream` whose batches are `[n, max_prompt_length]`."""
+    from dapo_jax.data.stream import PromptStream
+
+    problems = load_source(source, seed=seed)
+    try:
+        return PromptStream(problems, tokenizer, max_prompt_length=max_prompt_length, template=source.template,
+                            seed=seed, shuffle=shuffle, buckets=(max_prompt_length,))
+    except ValueError as e:
+        raise DataError(f"data source {source.name!r}: {e} (data.max_prompt_length={max_prompt_length})") from e
+
+
+def decode_responses(tokenizer, response_ids: np.ndarray, response_mask: np.ndarray) -> list[str]:
+    """`[N, T]` -> N strings of the real tokens, special tokens (EOS) dropped."""
+    seqs = [row[m.astype(bool)].tolist() for row, m in zip(response_ids, response_mask)]
+    return tokenizer.batch_decode(seqs, skip_special_tokens=True)
+
+
+Scorer = Callable[[list[str], list[str]], tuple[np.ndarray, np.ndarray, list]]
+
+
+def make_scorer(reward_cfg, objective) -> Scorer:
+    """`(responses, truths) -> (rewards [N] float32, correct [N] bool, answer keys [N])`.
+
+    The reward is `Σ_k w_k r_k` over `reward.functions` (registry names of `dapo_jax.rewards`), each
+    with right/wrong values from `reward.right/wrong` (default: the objective's reward_correct /
+    reward_wrong); `correct` and the answer keys (for maj@k) are the FIRST function's.
+    """
+    from dapo_jax.rewards import make_reward, score_batch
+
+    right = reward_cfg.right if reward_cfg.right is not None else objective.reward_correct
+    wrong = reward_cfg.wrong if reward_cfg.wrong is not None else objective.reward_wrong
+    fns = []
+    for i, f in enumerate(reward_cfg.functions):
+        try:
+            fns.append((f.weight, make_reward(f.name, right=right, wrong=wrong, **f.options)))
+        except (KeyError, TypeError, ValueError) as e:
+            raise DataError(f"reward.functions.{i} ({f.name!r}): {e}") from e
+
+    def score(responses: list[str], truths: list[str]):
+        total = np.zeros(len(responses), np.float32)
+        correct = None
+        for weight, fn in fns:
+            try:
+                out = score_batch(fn, responses, truths, on_error=reward_cfg.on_error)
+            except RuntimeError as e:
+                raise DataError(f"reward {getattr(fn, 'name', fn)!r}: {e}") from e
+            total += weight * out.rewards
+            correct = out.correct if correct is None else correct
+        key_fn = getattr(fns[0][1], "answer_key", None)
+        keys = [key_fn(r) if key_fn is not None else r.strip() for r in responses]
+        return total, correct, keys
+
+    return score

@@ -1,0 +1,206 @@
+"""The pure, jitted policy update of one rollout batch.
+
+    tx, schedule = make_optimizer(cfg.optim)
+    state = init_train_state(params, tx)
+    step = make_train_step(graphdef, tx, schedule, objective=..., num_minibatches=..., ...)
+    state, metrics = step(state, batch)          # state is donated
+
+A rollout batch of `P` prompts x `G` responses x `T` tokens is split into `num_minibatches`
+optimizer steps; each mini-batch into `micro_batches` accumulated with `lax.scan`. The objective
+returns `(loss_sum, denominator)`; the denominator does not depend on the parameters, so
+
+    grad L = Σ_micro ∇ loss_sum / Σ_micro denominator
+
+is the exact gradient of the global token mean however the mini-batch is split (and over devices,
+since the sums are global under jit's sharding). A non-finite loss or gradient leaves params and
+optimizer state untouched and is counted in `state.skipped`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+
+class TrainState(NamedTuple):
+    params: Any  # nnx.State of the trainable nnx.Param leaves
+    opt_state: Any
+    step: jax.Array  # int32: optimizer updates applied or attempted
+    skipped: jax.Array  # int32: updates skipped because the loss or gradient was not finite
+
+
+class Batch(NamedTuple):
+    """One fixed-shape training batch (`P` prompts, `G` responses, `S` prompt, `T` response tokens)."""
+
+    prompt_ids: jax.Array  # [P, S] int32, left-padded
+    prompt_mask: jax.Array  # [P, S]
+    response_ids: jax.Array  # [P, G, T] int32
+    response_mask: jax.Array  # [P, G, T] float32: 1 on trained tokens (EOS included)
+    old_logp: jax.Array  # [P, G, T] float32: log π_old at the sampling temperature
+    advantages: jax.Array  # [P, G, T] float32
+    ref_logp: jax.Array  # [P, G, T] float32 (zeros when no KL term is used)
+
+
+def make_schedule(optim, *, decay_steps: int = 1) -> optax.Schedule:
+    """Linear warm-up 0 -> `lr` over `warmup_steps`, then constant, or cosine to `min_lr_ratio*lr` over `decay_steps`."""
+    if optim.schedule == "cosine":
+        after = optax.cosine_decay_schedule(optim.lr, max(decay_steps, 1), alpha=optim.min_lr_ratio)
+    else:
+        after = optax.constant_schedule(optim.lr)
+    if optim.warmup_steps == 0:
+        return after
+    warm = optax.linear_schedule(0.0, optim.lr, optim.warmup_steps)
+    return optax.join_schedules([warm, after], [optim.warmup_steps])
+
+
+def make_optimizer(optim, *, decay_steps: int = 1) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """AdamW (decoupled weight decay) after global-norm clipping; `decay_steps` = the cosine horizon
+    in optimizer updates (train steps x num_minibatches)."""
+    schedule = make_schedule(optim, decay_steps=decay_steps)
+    parts = []
+    if optim.grad_clip is not None:
+        parts.append(optax.clip_by_global_norm(optim.grad_clip))
+    parts.append(optax.adamw(schedule, b1=optim.b1, b2=optim.b2, eps=optim.eps, weight_decay=optim.weight_decay))
+    return optax.chain(*parts), schedule
+
+
+def init_train_state(params, tx: optax.GradientTransformation) -> TrainState:
+    return TrainState(params, tx.init(params), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+
+
+def policy_logprobs(graphdef, params, prompt_ids, prompt_mask, response_ids, response_mask, *, temperature):
+    """log π(response tokens) `[P, G, T]` and entropy `[P, G, T]`; each prompt `[P, S]` shared by its G responses."""
+    from dapo_jax.models.logprobs import response_logprobs
+
+    model = nnx.merge(graphdef, params)
+    return response_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=temperature)
+
+
+def make_logprob_fn(graphdef, *, temperature: float) -> Callable:
+    """Jitted `(params, prompt_ids, prompt_mask, response_ids, response_mask) -> (logp, entropy)`."""
+    return jax.jit(lambda params, *a: policy_logprobs(graphdef, params, *a, temperature=temperature))
+
+
+def _kind(name: str) -> str:
+    return "min" if name.endswith("_min") else "max" if name.endswith("_max") else "sum"
+
+
+def _combine_pairs(stacked: dict) -> dict:
+    """`{name: (value [n], count [n])}` stacked by a scan -> one `(value, count)` per name.
+
+    The objective's metric convention: `*_min` / `*_max` values combine by min / max, the rest are sums.
+    """
+    reduce = {"sum": jnp.sum, "min": jnp.min, "max": jnp.max}
+    return {k: (reduce[_kind(k)](v), jnp.sum(c)) for k, (v, c) in stacked.items()}
+
+
+def _finalize_pairs(pairs: dict) -> dict:
+    """`(value, count)` -> value/count (sums) or value (min/max); 0 where nothing was counted."""
+    out = {}
+    for k, (v, c) in pairs.items():
+        value = v / jnp.maximum(c, 1e-12) if _kind(k) == "sum" else v
+        out[k] = jnp.where(c > 0, value, 0.0)
+    return out
+
+
+def _split(x: jax.Array, num_minibatches: int, micro_batches: int) -> jax.Array:
+    """`[P, ...]` -> `[num_minibatches, micro_batches, P/(n*m), ...]`, prompt `r` in micro-batch `r mod (n*m)`.
+
+    The prompt axis is sharded in contiguous blocks over data*fsdp devices; taking every (n*m)-th
+    prompt keeps each micro-batch spread evenly over all devices with no data movement.
+    """
+    p = x.shape[0] // (num_minibatches * micro_batches)
+    x = x.reshape(p, num_minibatches, micro_batches, *x.shape[1:])
+    return jnp.moveaxis(x, 0, 2)
+
+
+def make_train_step(
+    graphdef,
+    tx: optax.GradientTransformation,
+    schedule: optax.Schedule,
+    *,
+    objective,
+    num_minibatches: int = 1,
+    micro_batches: int = 1,
+    temperature: float = 1.0,
+    use_ref: bool = False,
+    loss_terms: Callable | None = None,
+) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
+    """Builds the jitted `step(state, batch) -> (state, metrics)`; `state` is donated.
+
+    `loss_terms(objective, *, logp, old_logp, advantages, mask, ref_logp, entropy) -> (loss_sum, den, metrics)`
+    defaults to `dapo_jax.objectives.loss.objective_terms`.
+    """
+    if loss_terms is None:
+        from dapo_jax.objectives.loss import objective_terms as loss_terms
+
+    def micro_loss(params, mb: Batch):
+        logp, entropy = policy_logprobs(
+            graphdef, params, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+            temperature=temperature,
+        )
+        loss_sum, den, metrics = loss_terms(
+            objective, logp=logp, old_logp=mb.old_logp, advantages=mb.advantages, mask=mb.response_mask,
+            ref_logp=mb.ref_logp if use_ref else None, entropy=entropy,
+        )
+        mask = mb.response_mask.astype(jnp.float32)
+        extra = {"entropy_sum": jnp.sum(jax.lax.stop_gradient(entropy) * mask), "tokens": jnp.sum(mask)}
+        return loss_sum, (den, metrics, extra)
+
+    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+    def minibatch_update(carry, mini: Batch):
+        params, opt_state, step, skipped = carry
+
+        def accumulate(acc, mb):
+            (loss_sum, (den, metrics, extra)), grads = grad_fn(params, mb)
+            acc = jax.tree.map(jnp.add, acc, (grads, loss_sum, den, extra))
+            return acc, metrics
+
+        zeros = (
+            jax.tree.map(jnp.zeros_like, params),
+            jnp.zeros((), jnp.float32),
+            jnp.zeros((), jnp.float32),
+            {"entropy_sum": jnp.zeros((), jnp.float32), "tokens": jnp.zeros((), jnp.float32)},
+        )
+        (gsum, loss_sum, den, extra), metrics = jax.lax.scan(accumulate, zeros, mini)
+        # Σ∇loss_sum / Σden: the exact global normaliser (den is constant in the params).
+        safe_den = jnp.maximum(den, 1e-8)
+        grads = jax.tree.map(lambda g: g / safe_den.astype(g.dtype), gsum)
+        grad_norm = optax.tree.norm(grads)
+        updates, new_opt = tx.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        loss = loss_sum / safe_den
+        finite = jnp.isfinite(grad_norm) & jnp.isfinite(loss)
+        apply = finite & (den > 0)
+        keep = lambda new, old: jnp.where(apply, new, old)  # noqa: E731
+        params = jax.tree.map(keep, new_params, params)
+        opt_state = jax.tree.map(keep, new_opt, opt_state)
+        out = {
+            "loss": loss,
+            **{f"objective/{k}": v for k, v in _combine_pairs(metrics).items()},
+            "grad_norm": grad_norm,
+            "learning_rate": schedule(step),
+            "update_applied": apply.astype(jnp.float32),
+            "entropy": extra["entropy_sum"] / jnp.maximum(extra["tokens"], 1.0),
+            "update_tokens": extra["tokens"],
+        }
+        return (params, opt_state, step + 1, skipped + (~finite).astype(jnp.int32)), out
+
+    def step_fn(state: TrainState, batch: Batch):
+        minis = jax.tree.map(lambda x: _split(x, num_minibatches, micro_batches), batch)
+        carry = (state.params, state.opt_state, state.step, state.skipped)
+        (params, opt_state, step, skipped), per_mini = jax.lax.scan(minibatch_update, carry, minis)
+        pairs = {k[len("objective/"):]: v for k, v in per_mini.items() if k.startswith("objective/")}
+        metrics = {k: jnp.mean(v) for k, v in per_mini.items() if not k.startswith("objective/")}
+        metrics.update(_finalize_pairs(_combine_pairs(pairs)))
+        metrics["update_tokens"] = jnp.sum(per_mini["update_tokens"])
+        metrics["grad_norm_max"] = jnp.max(per_mini["grad_norm"])
+        metrics["skipped_total"] = skipped
+        return TrainState(params, opt_state, step, skipped), metrics
+
+    return jax.jit(step_fn, donate_argnums=0)

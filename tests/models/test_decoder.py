@@ -1,0 +1,231 @@
+"""The decoder: a NumPy reference forward, KV-cache decode, padding isolation, dtype policy, remat.
+
+(Logit parity with the transformers PyTorch models lives in test_hf_io.py.)
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from dapo_jax.models import Decoder, KVCache, ModelConfig, RopeScaling, positions_from_mask
+
+BASE = dict(vocab_size=48, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6)
+CONFIGS = {
+    "qwen2": ModelConfig(model_type="qwen2", attention_bias=True, **BASE),
+    "qwen3": ModelConfig(model_type="qwen3", qk_norm=True, tie_word_embeddings=True, **{**BASE, "head_dim": 16}),
+    "llama3": ModelConfig(model_type="llama", rope_theta=500000.0, **BASE,
+                          rope_scaling=RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                                   original_max_position_embeddings=8)),
+}
+BF16_LOGIT_ATOL = 0.1  # bf16 matmuls (8-bit mantissa) over 2 layers; logits are O(1-5) here
+
+
+def make_model(cfg, seed=0):
+    """Random weights larger than the N(0, 0.02) init so that every term matters."""
+    model = Decoder(cfg, rngs=nnx.Rngs(seed))
+    key = jax.random.key(seed + 100)
+    for i, (path, var) in enumerate(nnx.to_flat_state(nnx.state(model, nnx.Param))):
+        x = var.get_value()
+        noise = jax.random.normal(jax.random.fold_in(key, i), x.shape, jnp.float32)
+        base = 1.0 if path[-1] == "weight" else 0.0  # RMSNorm scales around 1
+        var.set_value((base + (0.2 if base else 0.25) * noise).astype(x.dtype))
+    return model
+
+
+def left_padded(b=3, s=7, vocab=48, seed=0, lengths=None):
+    rng = np.random.default_rng(seed)
+    lengths = lengths or list(rng.integers(1, s + 1, size=b))
+    mask = (np.arange(s)[None, :] >= s - np.asarray(lengths)[:, None]).astype(np.int32)
+    ids = np.where(mask == 1, rng.integers(1, vocab, size=(b, s)), 0)
+    return jnp.asarray(ids), jnp.asarray(mask)
+
+
+def full_logits(model, ids, mask):
+    hidden, _ = model(ids, positions_from_mask(mask), mask)
+    return model.logits(hidden)
+
+
+# --------------------------------------------------------------------------- NumPy reference
+def numpy_forward(model, ids, mask):
+    """Plain float64 NumPy transcription of the HF Qwen2/Qwen3/Llama forward pass."""
+    cfg = model.config
+    p = jax.tree.map(lambda v: np.asarray(v, np.float64), nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+    ids, mask = np.asarray(ids), np.asarray(mask).astype(bool)
+    b, s = ids.shape
+    pos = np.maximum(np.cumsum(mask, -1) - 1, 0) * mask
+
+    def rms(x, w):
+        return w * x / np.sqrt(np.mean(x * x, -1, keepdims=True) + cfg.rms_norm_eps)
+
+    d = cfg.head_dim
+    inv = 1.0 / cfg.rope_theta ** (np.arange(0, d, 2) / d)
+    if cfg.rope_scaling is not None:  # Llama 3: written from the formula in the HF reference
+        sc = cfg.rope_scaling
+        wavelen = 2 * np.pi / inv
+        lo, hi = sc.original_max_position_embeddings / sc.low_freq_factor, sc.original_max_position_embeddings / sc.high_freq_factor
+        ratio = (sc.original_max_position_embeddings / wavelen - sc.low_freq_factor) / (sc.high_freq_factor - sc.low_freq_factor)
+        new = []
+        for f, w, r in zip(inv, wavelen, ratio):
+            new.append(f if w < hi else f / sc.factor if w > lo else (1 - r) * f / sc.factor + r * f)
+        inv = np.array(new)
+    ang = pos[..., None] * inv  # [B, S, D/2]
+    cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
+
+    def rope(x):  # [B, S, H, D]
+        rot = np.concatenate([-x[..., d // 2:], x[..., : d // 2]], -1)
+        return x * cos[:, :, None] + rot * sin[:, :, None]
+
+    x = p["embed_tokens"]["embedding"][ids]
+    h, kvh = cfg.num_attention_heads, cfg.num_key_value_heads
+    allowed = np.tril(np.ones((s, s), bool))[None] & mask[:, None, :] & mask[:, :, None]
+    allowed |= np.eye(s, dtype=bool)[None]
+    for i in range(cfg.num_hidden_layers):
+        L, a = p["layers"][i], p["layers"][i]["self_attn"]
+        y = rms(x, L["input_layernorm"]["weight"])
+        proj = lambda name, n: (y @ a[name]["kernel"] + a[name].get("bias", 0.0)).reshape(b, s, n, d)  # noqa: E731
+        q, k, v = proj("q_proj", h), proj("k_proj", kvh), proj("v_proj", kvh)
+        if cfg.qk_norm:
+            q, k = rms(q, a["q_norm"]["weight"]), rms(k, a["k_norm"]["weight"])
+        q, k = rope(q), rope(k)
+        k, v = np.repeat(k, h // kvh, axis=2), np.repeat(v, h // kvh, axis=2)
+        scores = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(d)
+        scores = np.where(allowed[:, None], scores, -np.inf)
+        w = np.exp(scores - scores.max(-1, keepdims=True))
+        w /= w.sum(-1, keepdims=True)
+        x = x + np.einsum("bhqk,bkhd->bqhd", w, v).reshape(b, s, h * d) @ a["o_proj"]["kernel"]
+        y = rms(x, L["post_attention_layernorm"]["weight"])
+        m = L["mlp"]
+        g = y @ m["gate_proj"]["kernel"]
+        x = x + (g / (1 + np.exp(-g)) * (y @ m["up_proj"]["kernel"])) @ m["down_proj"]["kernel"]
+    x = rms(x, p["norm"]["weight"])
+    w_out = p["embed_tokens"]["embedding"].T if cfg.tie_word_embeddings else p["lm_head"]["kernel"]
+    return x @ w_out
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_matches_numpy_reference(name):
+    model = make_model(CONFIGS[name])
+    ids, mask = left_padded(seed=1)
+    got, want = np.asarray(full_logits(model, ids, mask)), numpy_forward(model, ids, mask)
+    real = np.asarray(mask).astype(bool)
+    assert np.abs(want[real]).max() > 1.0
+    np.testing.assert_allclose(got[real], want[real], atol=1e-4, rtol=0)
+
+
+def test_positions_from_mask_hand_cases():
+    mask = jnp.array([[0, 0, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    np.testing.assert_array_equal(positions_from_mask(mask), [[0, 0, 0, 1, 2], [0, 1, 2, 0, 0], [0, 1, 2, 3, 4]])
+    np.testing.assert_array_equal(positions_from_mask(jnp.array([[1, 1]]), offset=5), [[5, 6]])
+
+
+# --------------------------------------------------------------------------- KV cache
+@pytest.mark.parametrize("name", ["qwen2", "qwen3"])
+def test_prefill_then_decode_equals_full_pass(name):
+    cfg = CONFIGS[name]
+    model = make_model(cfg, seed=2)
+    prompt, pmask = left_padded(b=3, s=6, seed=3, lengths=[6, 3, 1])
+    steps = 4
+    new = jnp.asarray(np.random.default_rng(4).integers(1, cfg.vocab_size, size=(3, steps)))
+    ids = jnp.concatenate([prompt, new], 1)
+    mask = jnp.concatenate([pmask, jnp.ones((3, steps), jnp.int32)], 1)
+    want = np.asarray(full_logits(model, ids, mask))
+
+    step = nnx.jit(lambda m, i, p, a, c: m(i, p, a, cache=c))
+    cache = KVCache.init(cfg, 3, 6 + steps)
+    hidden, cache = step(model, prompt, positions_from_mask(pmask), pmask, cache)
+    got = [model.logits(hidden)]
+    pos = positions_from_mask(pmask)[:, -1:] + 1
+    for t in range(steps):
+        hidden, cache = step(model, new[:, t : t + 1], pos, jnp.ones((3, 1), jnp.int32), cache)
+        got.append(model.logits(hidden))
+        pos = pos + 1
+    got = np.asarray(jnp.concatenate(got, 1))
+    assert int(cache.end) == 6 + steps
+    np.testing.assert_array_equal(np.asarray(cache.mask), np.asarray(mask).astype(bool))
+    real = np.asarray(mask).astype(bool)
+    np.testing.assert_allclose(got[real], want[real], atol=1e-5, rtol=0)
+
+
+def test_cache_repeat_shares_a_prefill_across_group():
+    cfg, g = CONFIGS["qwen2"], 3
+    model = make_model(cfg, seed=5)
+    prompt, pmask = left_padded(b=2, s=5, seed=6, lengths=[5, 2])
+    _, cache = model(prompt, positions_from_mask(pmask), pmask, cache=KVCache.init(cfg, 2, 8))
+    rep = cache.repeat(g)
+    _, ref = model(jnp.repeat(prompt, g, 0), positions_from_mask(jnp.repeat(pmask, g, 0)), jnp.repeat(pmask, g, 0),
+                   cache=KVCache.init(cfg, 2 * g, 8))
+    for a, b in zip(rep, ref):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+    # Row b*g + j is prompt b.
+    np.testing.assert_array_equal(np.asarray(rep.k[:, 4]), np.asarray(cache.k[:, 1]))
+
+
+# --------------------------------------------------------------------------- padding isolation
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padding_never_reaches_real_tokens(side):
+    cfg = CONFIGS["qwen3"]
+    model = make_model(cfg, seed=7)
+    ids, mask = left_padded(b=3, s=7, seed=8, lengths=[7, 4, 2])
+    if side == "right":
+        ids, mask = ids[:, ::-1], mask[:, ::-1]
+    real = np.asarray(mask).astype(bool)
+    noisy_ids = jnp.where(mask == 1, ids, jnp.asarray(np.random.default_rng(9).integers(1, 48, size=ids.shape)))
+    a, b = np.asarray(full_logits(model, ids, mask)), np.asarray(full_logits(model, noisy_ids, mask))
+    np.testing.assert_array_equal(a[real], b[real])
+    assert np.abs(a[~real] - b[~real]).max() > 1e-3  # the perturbation did change the padding positions
+
+    # Gradient view: real logits do not depend on a token id used only as padding.
+    pad_id = 0
+    assert not np.any(np.asarray(ids)[real] == pad_id)
+
+    def real_sum(m):
+        return jnp.sum(jnp.where(mask[..., None] == 1, full_logits(m, ids, mask), 0.0) ** 2)
+
+    grads = nnx.grad(real_sum)(model)
+    emb_grad = np.asarray(grads["embed_tokens"]["embedding"].get_value())
+    assert np.all(emb_grad[pad_id] == 0) and np.abs(emb_grad[np.asarray(ids)[real]]).max() > 0
+
+
+# --------------------------------------------------------------------------- dtype policy and remat
+@pytest.mark.parametrize("param_dtype", ["float32", "bfloat16"])
+def test_bf16_compute_close_to_fp32(param_dtype):
+    cfg = CONFIGS["qwen2"]
+    model = make_model(cfg, seed=10)
+    ids, mask = left_padded(seed=11)
+    want = np.asarray(full_logits(model, ids, mask))
+    low = Decoder(cfg.replace(dtype="bfloat16", param_dtype=param_dtype), rngs=nnx.Rngs(0))
+    nnx.update(low, jax.tree.map(lambda x: x.astype(param_dtype), nnx.state(model, nnx.Param)))
+    got = full_logits(low, ids, mask)
+    assert got.dtype == jnp.float32  # logits always float32
+    hidden, _ = low(ids, positions_from_mask(mask), mask)
+    assert hidden.dtype == jnp.bfloat16
+    real = np.asarray(mask).astype(bool)
+    err = np.abs(np.asarray(got) - want)[real].max()
+    assert err <= BF16_LOGIT_ATOL, err
+    assert err > 0  # bf16 really was used
+
+
+def test_remat_full_gives_identical_values_and_gradients():
+    cfg = CONFIGS["llama3"]
+    ids, mask = left_padded(seed=12)
+    targets = jnp.roll(ids, -1, axis=1)
+
+    def loss(m):
+        logp = jax.nn.log_softmax(full_logits(m, ids, mask))
+        picked = jnp.take_along_axis(logp, targets[..., None], -1)[..., 0]
+        return -jnp.sum(picked * mask) / mask.sum()
+
+    results = {}
+    for remat in ("none", "full", "dots_saveable"):
+        model = make_model(cfg.replace(remat=remat), seed=13)
+        results[remat] = nnx.jit(nnx.value_and_grad(loss))(model)
+    (v0, g0) = results["none"]
+    for remat in ("full", "dots_saveable"):
+        v, g = results[remat]
+        np.testing.assert_allclose(float(v), float(v0), rtol=1e-6)
+        for (p, a), (_, b) in zip(nnx.to_flat_state(g0), nnx.to_flat_state(g)):
+            np.testing.assert_allclose(np.asarray(b.get_value()), np.asarray(a.get_value()), atol=1e-6, err_msg=f"{remat} {p}")
+    assert np.abs(np.asarray(g0["lm_head"]["kernel"].get_value())).max() > 0

@@ -1,0 +1,111 @@
+"""The ("data", "fsdp", "tensor") mesh helper on the 8 fake CPU devices of tests/conftest.py."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, PartitionSpec as P
+
+from dapo_jax.parallel import mesh as mesh_lib
+from dapo_jax.parallel import (
+    AXES,
+    MeshError,
+    batch_divisor,
+    batch_sharding,
+    make_mesh,
+    maybe_initialize_distributed,
+    resolve_mesh_shape,
+)
+
+
+def test_eight_fake_devices():
+    assert jax.device_count() == 8
+
+
+def test_default_is_fsdp_over_every_device():
+    mesh = make_mesh()
+    assert mesh.axis_names == AXES == ("data", "fsdp", "tensor")
+    assert dict(mesh.shape) == {"data": 1, "fsdp": 8, "tensor": 1}
+    assert mesh.axis_types == (AxisType.Auto,) * 3
+
+
+@pytest.mark.parametrize(
+    "kw,want",
+    [
+        (dict(data=2, fsdp=2, tensor=2), (2, 2, 2)),
+        (dict(fsdp=2, tensor=4), (1, 2, 4)),
+        (dict(data=-1, fsdp=1, tensor=2), (4, 1, 2)),
+        (dict(data=2, fsdp=4, tensor=-1), (2, 4, 1)),
+    ],
+)
+def test_resolves_the_free_axis(kw, want):
+    assert resolve_mesh_shape(8, **kw) == want
+    assert tuple(make_mesh(**kw).shape.values()) == want
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(data=3, fsdp=1, tensor=1), r"3 slots but there are 8 devices"),
+        (dict(data=3, fsdp=-1), r"8 devices are not divisible.*3"),
+        (dict(data=-1, fsdp=-1), r"only one mesh axis may be -1"),
+        (dict(fsdp=0), r"'fsdp' must be a positive integer"),
+    ],
+)
+def test_bad_shapes_fail_clearly(kw, match):
+    with pytest.raises(MeshError, match=match):
+        make_mesh(**kw)
+
+
+def test_subset_of_devices():
+    devices = jax.devices()[:4]
+    mesh = make_mesh(fsdp=2, tensor=2, devices=devices)
+    assert set(mesh.devices.flat) == set(devices)
+    with pytest.raises(MeshError, match="4 devices"):
+        make_mesh(fsdp=8, devices=devices)
+
+
+def test_batch_sharding_splits_rows_over_data_and_fsdp():
+    mesh = make_mesh(data=2, fsdp=2, tensor=2)
+    sharding = batch_sharding(mesh)
+    assert sharding.spec == P(("data", "fsdp"))
+    assert batch_divisor(mesh) == 4
+    x = jax.device_put(jnp.arange(8 * 3).reshape(8, 3), sharding)
+    shards = {tuple(s.data.shape) for s in x.addressable_shards}
+    assert shards == {(2, 3)}  # 8 rows over 4 batch shards, columns whole; tensor axis replicates
+    np.testing.assert_array_equal(np.asarray(x), np.arange(24).reshape(8, 3))
+
+
+@pytest.fixture
+def no_cluster_env(monkeypatch):
+    for var in ("JAX_COORDINATOR_ADDRESS", "MEGASCALE_COORDINATOR_ADDRESS", "SLURM_NTASKS",
+                "OMPI_COMM_WORLD_SIZE", "TPU_WORKER_HOSTNAMES"):
+        monkeypatch.delenv(var, raising=False)
+    calls = []
+    monkeypatch.setattr(mesh_lib.jax.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(mesh_lib.jax.distributed, "initialize", lambda **kw: calls.append(kw))
+    return calls
+
+
+def test_single_process_does_not_initialize(no_cluster_env):
+    assert maybe_initialize_distributed() is False
+    assert no_cluster_env == []
+
+
+def test_explicit_arguments_are_forwarded(no_cluster_env):
+    assert maybe_initialize_distributed("host0:1234", 4, 2) is True
+    assert no_cluster_env == [dict(coordinator_address="host0:1234", num_processes=4, process_id=2)]
+
+
+@pytest.mark.parametrize("var,value", [("SLURM_NTASKS", "2"), ("TPU_WORKER_HOSTNAMES", "w0,w1"),
+                                       ("JAX_COORDINATOR_ADDRESS", "h:1")])
+def test_cluster_environment_triggers_autodetection(no_cluster_env, monkeypatch, var, value):
+    monkeypatch.setenv(var, value)
+    assert maybe_initialize_distributed() is True
+    assert no_cluster_env == [dict(coordinator_address=None, num_processes=None, process_id=None)]
+
+
+def test_already_initialized_is_a_no_op(no_cluster_env, monkeypatch):
+    monkeypatch.setattr(mesh_lib.jax.distributed, "is_initialized", lambda: True)
+    assert maybe_initialize_distributed("host0:1234", 4, 0) is True
+    assert no_cluster_env == []
