@@ -64,11 +64,11 @@ def cmd_eval(args) -> int:
     with jax.set_mesh(mesh):
         graphdef, params = nnx.split(model)
         gen = make_generate(graphdef, sampling_config(cfg, tokenizer, model.config, eval_mode=True), cfg.train.eval_k)
-        rows = sources.load_rows(cfg.data.eval, seed=cfg.data.seed)[: cfg.data.eval_size]
+        stream = sources.make_stream(cfg.data.eval, tokenizer, max_prompt_length=cfg.data.max_prompt_length,
+                                     seed=cfg.data.seed, shuffle=False)
         scorer = sources.make_scorer(cfg.reward, cfg.objective_config)
-        res = evaluate(gen, params, rows, tokenizer=tokenizer, scorer=scorer, key=jax.random.PRNGKey(cfg.train.seed),
-                       batch_size=cfg.rollout.gen_batch, max_prompt_length=cfg.data.max_prompt_length,
-                       chat_template=cfg.data.chat_template, k=cfg.train.eval_k)
+        res = evaluate(gen, params, stream, tokenizer=tokenizer, scorer=scorer, key=jax.random.PRNGKey(cfg.train.seed),
+                       batch_size=cfg.rollout.gen_batch, k=cfg.train.eval_k, limit=cfg.data.eval_size)
     print(json.dumps({"step": step, **res}))
     return 0
 

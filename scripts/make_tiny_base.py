@@ -31,7 +31,7 @@ from dapo_jax.models.decoder import Decoder, positions_from_mask
 
 # ----------------------------------------------------------------------------- knobs
 SEED = 0
-TASK = dict(seed=0, max_operand=99, ops="+-", heldout_size=1000)
+TASK = dict(seed=0, max_operand=99, max_second=9, ops="+-", heldout_size=400)
 MODEL = dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=16, max_position_embeddings=64, rope_theta=10000.0,
              rms_norm_eps=1e-6, tie_word_embeddings=True)
@@ -39,8 +39,8 @@ LEARNING_RATE = 3e-3
 WEIGHT_DECAY = 0.01
 BATCH = 128
 MAX_STEPS = 3000
-EVAL_EVERY = 25
-EVAL_SIZE = 1000          # held-out problems per accuracy estimate
+EVAL_EVERY = 10
+EVAL_SIZE = 400           # held-out problems per accuracy estimate (all of them)
 TARGET_SAMPLED = 0.30     # stop at the first evaluation with sampled accuracy >= this
 OUT = Path(__file__).resolve().parents[1] / "dapo_jax" / "assets" / "tiny_base"
 

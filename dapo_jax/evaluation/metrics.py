@@ -84,7 +84,9 @@ def majority_index(answers: Sequence[str | None]) -> int | None:
     return first[best]
 
 
-def maj_at_k(answers: Sequence[Sequence[str | None]], correct, k: int, *, per_problem: bool = False):
+def maj_at_k(
+    answers: Sequence[Sequence[str | None]], correct, k: int, *, per_problem: bool = False
+):
     """maj@k: whether the majority answer among each problem's first ``k`` samples is right.
 
     Args:
@@ -99,12 +101,16 @@ def maj_at_k(answers: Sequence[Sequence[str | None]], correct, k: int, *, per_pr
     """
     arr = _as_correct(correct)
     if len(answers) != arr.shape[0]:
-        raise ValueError(f"maj@k: {len(answers)} answer rows but correct has {arr.shape[0]} problems")
+        raise ValueError(
+            f"maj@k: {len(answers)} answer rows but correct has {arr.shape[0]} problems"
+        )
     _check_k(k, arr.shape[1], "maj@k")
     per = np.zeros(arr.shape[0], dtype=bool)
     for i, row in enumerate(answers):
         if len(row) != arr.shape[1]:
-            raise ValueError(f"maj@k: answers row {i} has {len(row)} samples, expected {arr.shape[1]}")
+            raise ValueError(
+                f"maj@k: answers row {i} has {len(row)} samples, expected {arr.shape[1]}"
+            )
         j = majority_index(row[:k])
         per[i] = j is not None and bool(arr[i, j])
     return per if per_problem else float(per.mean())

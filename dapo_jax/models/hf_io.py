@@ -155,7 +155,7 @@ def load_pretrained(
     tensors = _open_checkpoint(root)
 
     abstract = nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0)))
-    graphdef, state = nnx.split(abstract)
+    graphdef, state, rest = nnx.split(abstract, nnx.Param, ...)
     expected = set()
     for path_, var in nnx.to_flat_state(state):
         name = hf_name(path_)
@@ -178,7 +178,7 @@ def load_pretrained(
         if strict:
             raise CheckpointError(message + " (pass strict=False to ignore them)")
         log.warning(message)
-    return nnx.merge(graphdef, state)
+    return nnx.merge(graphdef, state, rest)
 
 
 def _load_tensor(f: _SafetensorsFile, name: str, path: tuple, abstract: jax.ShapeDtypeStruct, mesh: Mesh | None):

@@ -4,7 +4,7 @@ Every metric is a pair `(value, count)` of float32 scalars:
   - names ending in `_min` / `_max`: value is the min / max over the counted tokens (±inf when the
     count is 0); pairs combine with min / max of the values and the sum of the counts;
   - every other name: value is a SUM over the counted items; pairs combine by adding both.
-`combine_metrics` adds a list of such dicts; `finalize_metrics` turns one into plain floats
+`combine_metrics` adds a list of such dicts; `finalize_metrics` turns one into scalars
 (sum / count, or min / max; 0.0 where the count is 0, never NaN).
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import jax.numpy as jnp
-import numpy as np
 
 
 def masked_sum_count(x, mask):
@@ -63,15 +62,14 @@ def combine_metrics(metrics: Sequence[dict]) -> dict:
     return out
 
 
-def finalize_metrics(metrics: dict) -> dict[str, float]:
-    """`{name: (value, count)}` -> `{name: float}`; adds `advantage_std` from the moments when present."""
+def finalize_metrics(metrics: dict) -> dict:
+    """`{name: (value, count)}` -> `{name: float32 scalar}` (jit-able; `float()` them on the host):
+    sum / count, or the min / max, and 0.0 where the count is 0. Adds `advantage_std` from the moments."""
     out = {}
     for name, (value, count) in metrics.items():
-        value, count = float(np.asarray(value)), float(np.asarray(count))
-        if count <= 0:
-            out[name] = 0.0
-        else:
-            out[name] = value / count if _kind(name) == "sum" else value
+        value, count = jnp.asarray(value, jnp.float32), jnp.asarray(count, jnp.float32)
+        v = value / jnp.maximum(count, 1e-12) if _kind(name) == "sum" else value
+        out[name] = jnp.where(count > 0, v, 0.0)
     if "advantage_mean" in out and "advantage_sq_mean" in out:
-        out["advantage_std"] = float(np.sqrt(max(out["advantage_sq_mean"] - out["advantage_mean"] ** 2, 0.0)))
+        out["advantage_std"] = jnp.sqrt(jnp.maximum(out["advantage_sq_mean"] - jnp.square(out["advantage_mean"]), 0.0))
     return out

@@ -44,7 +44,8 @@ def answer_key(answer: str | int | float | None) -> str | None:
 
 
 def answers_equal(pred: str | None, truth: str | int | float, *, numeric: bool = True) -> bool:
-    """verl's string equality after :func:`normalize_final_answer`, or (``numeric``) equal values."""
+    """verl's string equality after :func:`normalize_final_answer`, or (``numeric``) equal
+    plain-number values."""
     if pred is None:
         return False
     p = normalize.normalize_final_answer(pred)
@@ -70,7 +71,8 @@ def dapo_answer_correct(response: str, ground_truth, *, numeric: bool = True) ->
     ``numeric=False`` is verl exactly (string equality, so ``025`` != ``25``); the default also
     accepts equal plain numbers (``025`` == ``25.0``), a strict superset.
     """
-    return answers_equal(extract.extract_dapo_answer(response), _truth_text(ground_truth), numeric=numeric)
+    pred = extract.extract_dapo_answer(response)
+    return answers_equal(pred, _truth_text(ground_truth), numeric=numeric)
 
 
 def dapo_answer_key(response: str) -> str | None:
@@ -82,7 +84,8 @@ def dapo_answer_key(response: str) -> str | None:
 
 def boxed_correct(response: str, ground_truth, *, numeric: bool = True) -> bool:
     """The last ``\\boxed{}`` of the response, normalised as above, against the truth."""
-    return answers_equal(extract.extract_boxed(response), _truth_text(ground_truth), numeric=numeric)
+    pred = extract.extract_boxed(response)
+    return answers_equal(pred, _truth_text(ground_truth), numeric=numeric)
 
 
 def boxed_key(response: str) -> str | None:
@@ -157,9 +160,9 @@ def math_verify_correct(
 ) -> bool:
     """Normalised string/number equality of the final answer first (fast), then math-verify.
 
-    The final answer is the later of the last ``\\boxed{}`` and the ``Answer:`` line. The symbolic check
-    (``\\frac12`` == ``0.5``, ``\\dfrac{1}{2}`` == ``\\frac{1}{2}``) runs on the boxed answer or
-    ``Answer:`` text when there is one, else on the response's tail, bounded by ``timeout_s`` and
+    The final answer is the later of the last ``\\boxed{}`` and the ``Answer:`` line. The
+    symbolic check (``\\frac12`` == ``0.5``, ``\\dfrac{1}{2}`` == ``\\frac{1}{2}``) runs on that
+    answer when there is one, else on the response's tail, bounded by ``timeout_s`` and
     ``max_chars`` (see :mod:`dapo_jax.rewards.symbolic`).
     """
     truth = _truth_text(ground_truth)

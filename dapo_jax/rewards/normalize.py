@@ -33,10 +33,10 @@ SUBSTITUTIONS = (
 # Units and decorations deleted wherever they occur (verl math_dapo.REMOVED_EXPRESSIONS).
 REMOVED_EXPRESSIONS = (
     "square", "ways", "integers", "dollars", "mph", "inches", "hours", "km", "units", "\\ldots",
-    "sue", "points", "feet", "minutes", "digits", "cents", "degrees", "cm", "gm", "pounds", "meters",
-    "meals", "edges", "students", "childrentickets", "multiples", "\\text{s}", "\\text{.}",
-    "\\text{\ns}", "\\text{}^2", "\\text{}^3", "\\text{\n}", "\\text{}", r"\mathrm{th}", r"^\circ",
-    r"^{\circ}", r"\;", r",\!", "{,}", '"', "\\dots",
+    "sue", "points", "feet", "minutes", "digits", "cents", "degrees", "cm", "gm", "pounds",
+    "meters", "meals", "edges", "students", "childrentickets", "multiples", "\\text{s}",
+    "\\text{.}", "\\text{\ns}", "\\text{}^2", "\\text{}^3", "\\text{\n}", "\\text{}",
+    r"\mathrm{th}", r"^\circ", r"^{\circ}", r"\;", r",\!", "{,}", '"', "\\dots",
 )
 
 

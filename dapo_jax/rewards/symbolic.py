@@ -49,7 +49,10 @@ DEFAULT_MAX_BITS = 100_000  # about 30,000 decimal digits: SymPy handles that in
 
 
 class SymbolicTimeout(BaseException):
-    """The symbolic check ran past its deadline (BaseException: not caught by ``except Exception``)."""
+    """The symbolic check ran past its deadline.
+
+    A ``BaseException`` so that ``except Exception`` inside math-verify / SymPy cannot swallow it.
+    """
 
 
 @contextlib.contextmanager
@@ -118,7 +121,10 @@ def _math_verify():
 
 
 def parse_gold(gold: str):
-    """math-verify's parse of a ground truth, wrapped in ``\\boxed{}`` as verl does (no deadline)."""
+    """math-verify's parse of a ground truth, wrapped in ``\\boxed{}`` as verl does.
+
+    No deadline of its own: call it under :func:`deadline`.
+    """
     math_verify, configs = _math_verify()
     text = gold if "\\boxed" in gold else f"\\boxed{{{gold}}}"
     return math_verify.parse(text, extraction_config=configs, parsing_timeout=None)

@@ -80,11 +80,16 @@ def _check_same_config(cfg: RunConfig, run_dir: Path) -> None:
     if not saved_file.exists():
         return
     old, new = _flat(yaml.safe_load(saved_file.read_text())), _flat(yaml.safe_load(cfg.to_yaml()))
-    diff = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k not in _RESUMABLE_CHANGES)
+    diff = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and not _resumable(k))
     if diff:
         details = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:6])
         raise ConfigError(f"{saved_file}: resuming this run with a different config ({details}); "
                           f"use a new train.run_dir")
+
+
+def _resumable(key: str) -> bool:
+    return key in _RESUMABLE_CHANGES or key.startswith(("data.eval.", "train.eval_")) or key in ("data.eval",
+                                                                                                  "data.eval_size")
 
 
 def _flat(d, prefix=""):
@@ -154,10 +159,12 @@ def train(cfg: RunConfig) -> dict:
             return Batch(prompt_ids, prompt_mask, response_ids, response_mask.astype(jnp.float32),
                          old_logp, adv, ref_logp)
 
-        stream = sources.make_stream(cfg.data.train, seed=cfg.data.seed)
-        eval_rows = None
+        max_len = cfg.data.max_prompt_length
+        stream = sources.make_stream(cfg.data.train, tokenizer, max_prompt_length=max_len, seed=cfg.data.seed)
+        eval_stream = None
         if cfg.data.eval is not None:
-            eval_rows = sources.load_rows(cfg.data.eval, seed=cfg.data.seed)[: cfg.data.eval_size]
+            eval_stream = sources.make_stream(cfg.data.eval, tokenizer, max_prompt_length=max_len,
+                                              seed=cfg.data.seed, shuffle=False)
         scorer = sources.make_scorer(cfg.reward, objective)
         ckpt = Checkpointer(run_dir / "checkpoints", keep=cfg.train.keep_checkpoints)
         run = _Run(0, np.asarray(jax.random.key_data(jax.random.PRNGKey(cfg.train.seed))), None)
@@ -171,28 +178,25 @@ def train(cfg: RunConfig) -> dict:
         key = jnp.asarray(run.rng, jnp.uint32)  # a raw PRNGKey; every use folds in (step, round)
 
         def run_eval(step: int) -> dict:
-            if eval_rows is None:
+            if eval_stream is None:
                 return {}
             t0 = time.perf_counter()
-            res = evaluate(generate_eval, state.params, eval_rows, tokenizer=tokenizer, scorer=scorer,
+            res = evaluate(generate_eval, state.params, eval_stream, tokenizer=tokenizer, scorer=scorer,
                            key=jax.random.fold_in(key, 10_000_019), batch_size=r.gen_batch,
-                           max_prompt_length=cfg.data.max_prompt_length, chat_template=cfg.data.chat_template,
-                           k=cfg.train.eval_k)
+                           k=cfg.train.eval_k, limit=cfg.data.eval_size)
             res["eval/time_s"] = time.perf_counter() - t0
             writer.write(step, {**res, "compilations": compile_count()})
             return res
 
         def sample_round(step: int, round_idx: int) -> Groups:
-            rows = stream.next_batch(r.gen_batch)
-            ids, pmask = sources.encode_prompts(tokenizer, [x["prompt"] for x in rows],
-                                                max_len=cfg.data.max_prompt_length,
-                                                chat_template=cfg.data.chat_template)
+            prompts = stream.next_batch(r.gen_batch)
+            ids, pmask = prompts.input_ids, prompts.attention_mask
             out = generate(state.params, ids, pmask, jax.random.fold_in(jax.random.fold_in(key, step), round_idx))
             out = jax.device_get(out)
             p, g, t = out.response_ids.shape
             texts = sources.decode_responses(tokenizer, out.response_ids.reshape(p * g, t),
                                              out.response_mask.reshape(p * g, t))
-            rewards, correct = scorer(texts, [x["answer"] for x in rows for _ in range(g)])
+            rewards, correct, _ = scorer(texts, [a for a in prompts.answers for _ in range(g)])
             shaped, mask = shape_rewards(objective, rewards.reshape(p, g), out.lengths, out.truncated,
                                          out.response_mask)
             return Groups(ids, pmask, out.response_ids, np.asarray(mask, np.float32), out.logprobs,

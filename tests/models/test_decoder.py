@@ -20,7 +20,9 @@ CONFIGS = {
                           rope_scaling=RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                                    original_max_position_embeddings=8)),
 }
-BF16_LOGIT_ATOL = 0.1  # bf16 matmuls (8-bit mantissa) over 2 layers; logits are O(1-5) here
+# bf16 matmuls (8-bit mantissa, eps 2^-8) over 2 layers: max error <= 4% of the largest |fp32 logit|
+# (measured 1.2-1.6%), mean error <= 0.5%.
+BF16_MAX_REL, BF16_MEAN_REL = 0.04, 0.005
 
 
 def make_model(cfg, seed=0):
@@ -43,6 +45,7 @@ def left_padded(b=3, s=7, vocab=48, seed=0, lengths=None):
     return jnp.asarray(ids), jnp.asarray(mask)
 
 
+@nnx.jit
 def full_logits(model, ids, mask):
     hidden, _ = model(ids, positions_from_mask(mask), mask)
     return model.logits(hidden)
@@ -153,10 +156,10 @@ def test_cache_repeat_shares_a_prefill_across_group():
     cfg, g = CONFIGS["qwen2"], 3
     model = make_model(cfg, seed=5)
     prompt, pmask = left_padded(b=2, s=5, seed=6, lengths=[5, 2])
-    _, cache = model(prompt, positions_from_mask(pmask), pmask, cache=KVCache.init(cfg, 2, 8))
+    prefill = nnx.jit(lambda m, i, a, c: m(i, positions_from_mask(a), a, cache=c)[1])
+    cache = prefill(model, prompt, pmask, KVCache.init(cfg, 2, 8))
     rep = cache.repeat(g)
-    _, ref = model(jnp.repeat(prompt, g, 0), positions_from_mask(jnp.repeat(pmask, g, 0)), jnp.repeat(pmask, g, 0),
-                   cache=KVCache.init(cfg, 2 * g, 8))
+    ref = prefill(model, jnp.repeat(prompt, g, 0), jnp.repeat(pmask, g, 0), KVCache.init(cfg, 2 * g, 8))
     for a, b in zip(rep, ref):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
     # Row b*g + j is prompt b.
@@ -166,7 +169,7 @@ def test_cache_repeat_shares_a_prefill_across_group():
 # --------------------------------------------------------------------------- padding isolation
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_padding_never_reaches_real_tokens(side):
-    cfg = CONFIGS["qwen3"]
+    cfg = CONFIGS["qwen2"]  # untied, so the embedding gradient below sees only the input side
     model = make_model(cfg, seed=7)
     ids, mask = left_padded(b=3, s=7, seed=8, lengths=[7, 4, 2])
     if side == "right":
@@ -184,7 +187,7 @@ def test_padding_never_reaches_real_tokens(side):
     def real_sum(m):
         return jnp.sum(jnp.where(mask[..., None] == 1, full_logits(m, ids, mask), 0.0) ** 2)
 
-    grads = nnx.grad(real_sum)(model)
+    grads = nnx.jit(nnx.grad(real_sum))(model)
     emb_grad = np.asarray(grads["embed_tokens"]["embedding"].get_value())
     assert np.all(emb_grad[pad_id] == 0) and np.abs(emb_grad[np.asarray(ids)[real]]).max() > 0
 
@@ -200,12 +203,13 @@ def test_bf16_compute_close_to_fp32(param_dtype):
     nnx.update(low, jax.tree.map(lambda x: x.astype(param_dtype), nnx.state(model, nnx.Param)))
     got = full_logits(low, ids, mask)
     assert got.dtype == jnp.float32  # logits always float32
-    hidden, _ = low(ids, positions_from_mask(mask), mask)
+    hidden, _ = nnx.jit(lambda m: m(ids, positions_from_mask(mask), mask))(low)
     assert hidden.dtype == jnp.bfloat16
     real = np.asarray(mask).astype(bool)
-    err = np.abs(np.asarray(got) - want)[real].max()
-    assert err <= BF16_LOGIT_ATOL, err
-    assert err > 0  # bf16 really was used
+    err, scale = np.abs(np.asarray(got) - want)[real], np.abs(want[real]).max()
+    assert err.max() <= BF16_MAX_REL * scale, (err.max(), scale)
+    assert err.mean() <= BF16_MEAN_REL * scale, (err.mean(), scale)
+    assert err.max() > 0  # bf16 really was used
 
 
 def test_remat_full_gives_identical_values_and_gradients():

@@ -179,6 +179,9 @@ def test_load_onto_mesh_places_each_param_on_its_sharding(tmp_path):
     assert tuple(k.sharding.spec) == ("fsdp", "tensor") and len(k.sharding.device_set) == 8
     assert k.addressable_shards[0].data.shape == (32 // 4, 2 * 16 // 2)
     np.testing.assert_array_equal(np.asarray(k), np.asarray(plain.layers[1].self_attn.k_proj.kernel[...]))
+    save_pretrained(sharded, tmp_path / "from_mesh")  # gathers each sharded parameter back to the host
+    again = load_pretrained(tmp_path / "from_mesh")
+    np.testing.assert_array_equal(np.asarray(again.lm_head.kernel[...]), np.asarray(plain.lm_head.kernel[...]))
 
 
 def test_tokenizer_qwen25(shared):

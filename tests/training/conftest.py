@@ -17,7 +17,8 @@ def make_tiny_model(path: Path, seed: int = 0) -> Path:
     from dapo_jax.models.hf_io import save_pretrained
 
     tok = build_char_tokenizer()
-    cfg = ModelConfig(model_type="qwen2", vocab_size=len(tok), hidden_size=16, intermediate_size=32,
+    # vocab 100 > len(tok) = 99 so that a tensor axis of 2 divides it.
+    cfg = ModelConfig(model_type="qwen2", vocab_size=100, hidden_size=16, intermediate_size=32,
                       num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, head_dim=8,
                       tie_word_embeddings=True, attention_bias=True, eos_token_id=(tok.eos_token_id,), pad_token_id=tok.pad_token_id,
                       max_position_embeddings=64)
@@ -43,8 +44,8 @@ def tiny_overrides(model_dir: Path, run_dir: Path, **extra) -> list[str]:
         "objective.overlong_buffer": 2,
         "objective.dynamic_sampling_metric": "reward",  # length penalties give reward spread
         "rollout.G": 4,
-        "rollout.train_batch": 4,
-        "rollout.gen_batch": 4,
+        "rollout.train_batch": 8,
+        "rollout.gen_batch": 8,
         "rollout.max_gen_batches": 2,
         "rollout.on_starvation": "train_on_kept",
         "rollout.max_new_tokens": 4,
@@ -59,3 +60,9 @@ def tiny_overrides(model_dir: Path, run_dir: Path, **extra) -> list[str]:
     }
     base.update(extra)
     return [f"{k}={v}" for k, v in base.items()]
+
+
+@pytest.fixture(scope="session")
+def overrides_for():
+    """`overrides_for(model_dir, run_dir, **extra)` -> the tiny run's dotted overrides."""
+    return tiny_overrides

@@ -1,0 +1,105 @@
+"""`dapo-jax` CLI: train -> eval -> export (loads in transformers, same logits) -> plot; config errors exit 2."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dapo_jax.cli import main
+
+
+def make_tiny_model(path: Path) -> Path:
+    from flax import nnx
+
+    from dapo_jax.data.char_tokenizer import build_char_tokenizer, save_char_tokenizer
+    from dapo_jax.models.config import ModelConfig
+    from dapo_jax.models.decoder import Decoder
+    from dapo_jax.models.hf_io import save_pretrained
+
+    tok = build_char_tokenizer()
+    cfg = ModelConfig(model_type="qwen2", vocab_size=len(tok), hidden_size=16, intermediate_size=32,
+                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, head_dim=8,
+                      tie_word_embeddings=True, attention_bias=True, eos_token_id=(tok.eos_token_id,),
+                      pad_token_id=tok.pad_token_id, max_position_embeddings=64)
+    save_pretrained(Decoder(cfg, rngs=nnx.Rngs(0)), path)
+    save_char_tokenizer(path)
+    return path
+
+
+def overrides(model_dir, run_dir):
+    return [f"model.path={model_dir}", f"train.run_dir={run_dir}", "data.max_prompt_length=8", "data.eval_size=4",
+            "data.train.options={max_operand: 9, heldout_size: 20}", "data.eval.options={max_operand: 9, heldout_size: 20}",
+            "objective.overlong_buffer=2", "objective.dynamic_sampling=false", "rollout.G=2", "rollout.train_batch=2",
+            "rollout.gen_batch=2", "rollout.max_new_tokens=3", "optim.num_minibatches=1", "train.steps=1",
+            "train.eval_k=2", "train.progress=false", "train.tensorboard=false"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    model_dir = make_tiny_model(root / "model")
+    run_dir = root / "run"
+    assert main(["train", *overrides(model_dir, run_dir)]) == 0
+    return model_dir, run_dir
+
+
+def test_train_then_eval_prints_metrics(trained, capsys):
+    _, run_dir = trained
+    assert (run_dir / "metrics.jsonl").exists() and (run_dir / "checkpoints" / "1").exists()
+    capsys.readouterr()
+    assert main(["eval", str(run_dir)]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["step"] == 1
+    assert {"eval/accuracy", "eval/pass@2", "eval/maj@2", "eval/avg@2"} <= set(out)
+    assert 0.0 <= out["eval/pass@2"] <= 1.0
+
+
+def test_export_loads_in_transformers_with_the_same_logits(trained, tmp_path):
+    import torch
+    import transformers
+    from flax import nnx
+
+    from dapo_jax.models.decoder import positions_from_mask
+    from dapo_jax.training.config import load_config
+    from dapo_jax.training.loop import load_trained_model
+
+    _, run_dir = trained
+    out = tmp_path / "hf"
+    assert main(["export", str(run_dir / "checkpoints" / "1"), str(out)]) == 0
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    ids = tok("12+7=", add_special_tokens=False, return_tensors="np")["input_ids"]
+    with torch.no_grad():
+        ref = hf(torch.tensor(ids)).logits.numpy()
+    model, _, step = load_trained_model(load_config(run_dir), run_dir)
+    assert step == 1
+    mask = np.ones_like(ids)
+    hidden, _ = model(ids, positions_from_mask(mask), mask)
+    np.testing.assert_allclose(np.asarray(model.logits(hidden)), ref, atol=1e-4, rtol=1e-4)
+    # The exported weights are the trained ones, not the base model's.
+    base = transformers.AutoModelForCausalLM.from_pretrained(trained[0], dtype=torch.float32)
+    assert not torch.allclose(base.model.embed_tokens.weight, hf.model.embed_tokens.weight)
+    del nnx
+
+
+def test_plot_command_writes_pngs(trained, capsys):
+    _, run_dir = trained
+    capsys.readouterr()
+    assert main(["plot", str(run_dir)]) == 0
+    paths = [Path(p) for p in capsys.readouterr().out.split()]
+    assert paths and all(p.suffix == ".png" and p.stat().st_size > 1000 for p in paths)
+
+
+def test_config_errors_exit_2_naming_the_key(tmp_path, capsys):
+    assert main(["train", "rollout.G=1", f"train.run_dir={tmp_path}"]) == 2
+    assert "rollout.G" in capsys.readouterr().err
+    assert main(["train", str(tmp_path / "missing.yaml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_named_config_resolves_to_configs_dir(tmp_path, capsys):
+    # `dapo-jax train tiny_grpo ...` finds configs/tiny_grpo.yaml; the bad override fails before any work.
+    assert main(["train", "tiny_grpo", "optim.lr=-1", f"train.run_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert "tiny_grpo.yaml" in err and "optim.lr" in err

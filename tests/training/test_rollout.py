@@ -1,0 +1,102 @@
+"""Dynamic sampling: fills the batch exactly, never keeps a zero-spread group, starves clearly, carries surplus."""
+
+import numpy as np
+import pytest
+
+from dapo_jax.training.rollout import Groups, StarvationError, collect_groups, spread_keep
+
+G, S, T = 4, 3, 5
+
+
+def make_groups(correct: np.ndarray, start: int = 0) -> Groups:
+    """`correct [N, G]`; prompt_ids[:, 0] numbers the groups so tests can track them."""
+    n = correct.shape[0]
+    ids = np.zeros((n, S), np.int32)
+    ids[:, 0] = np.arange(start, start + n)
+    rewards = np.where(correct, 1.0, -1.0).astype(np.float32)
+    return Groups(
+        prompt_ids=ids, prompt_mask=np.ones((n, S), np.int32),
+        response_ids=np.ones((n, G, T), np.int32), response_mask=np.ones((n, G, T), np.float32),
+        old_logp=np.full((n, G, T), -1.0, np.float32), rewards=rewards, correct=correct.astype(bool),
+        lengths=np.full((n, G), T, np.int32), truncated=np.zeros((n, G), bool),
+        valid=np.ones(n, bool), age=np.zeros(n, np.int32),
+    )
+
+
+class Sampler:
+    """Round i yields `per_round` groups; group j is mixed iff `mixed(j)` (else all-right / all-wrong alternately)."""
+
+    def __init__(self, per_round, mixed):
+        self.per_round, self.mixed, self.calls = per_round, mixed, 0
+
+    def __call__(self, round_idx):
+        start = self.calls * self.per_round
+        self.calls += 1
+        correct = np.zeros((self.per_round, G), bool)
+        for i in range(self.per_round):
+            j = start + i
+            if self.mixed(j):
+                correct[i, : 1 + j % (G - 1)] = True
+            elif j % 2:
+                correct[i] = True
+        return make_groups(correct, start)
+
+
+def keep(groups):
+    return spread_keep(groups, metric="correct")
+
+
+def test_fills_exactly_and_never_keeps_zero_spread():
+    sampler = Sampler(per_round=6, mixed=lambda j: j % 3 == 0)  # 2 of 6 mixed per round
+    batch, stats, carry = collect_groups(sampler, keep, train_batch=5, max_gen_batches=10)
+    assert len(batch) == 5 and batch.valid.all()
+    assert sampler.calls == 3  # 2 + 2 + 2 kept >= 5
+    spread = batch.correct.any(1) & ~batch.correct.all(1)
+    assert spread.all(), "a zero-spread group was trained on"
+    assert list(batch.prompt_ids[:, 0]) == [0, 3, 6, 9, 12]  # kept in generation order
+    assert stats["gen_rounds"] == 3 and stats["kept_fraction"] == pytest.approx(6 / 18)
+    assert stats["all_correct_fraction"] + stats["all_wrong_fraction"] == pytest.approx(12 / 18)
+    assert stats["surplus"] == 1 and carry is None  # verl behaviour: the surplus is discarded
+
+
+def test_starvation_fails_with_a_clear_message():
+    always_right = Sampler(per_round=4, mixed=lambda j: False)
+    always_right.mixed = lambda j: False
+    with pytest.raises(StarvationError, match=r"kept 0 of the 4 .*max_gen_batches=3"):
+        collect_groups(always_right, keep, train_batch=4, max_gen_batches=3)
+    assert always_right.calls == 3
+
+
+def test_train_on_kept_pads_with_mask_zero_groups():
+    sampler = Sampler(per_round=4, mixed=lambda j: j == 1)
+    batch, stats, _ = collect_groups(sampler, keep, train_batch=4, max_gen_batches=2, on_starvation="train_on_kept")
+    assert len(batch) == 4 and list(batch.valid) == [True, False, False, False]
+    assert np.all(batch.response_mask[1:] == 0) and np.all(batch.rewards[1:] == 0)
+    assert np.all(batch.prompt_mask[1:, -1] == 1)  # the log-prob forward needs one real prompt token
+    assert stats["trained_groups"] == 1
+
+
+def test_carry_surplus_to_the_next_step():
+    sampler = Sampler(per_round=6, mixed=lambda j: True)
+    batch, _, carry = collect_groups(sampler, keep, train_batch=4, max_gen_batches=5, carry_surplus=True)
+    assert len(carry) == 2 and list(carry.prompt_ids[:, 0]) == [4, 5]
+    batch2, stats2, carry2 = collect_groups(sampler, keep, train_batch=4, max_gen_batches=5, carry=carry,
+                                            carry_surplus=True)
+    assert list(batch2.prompt_ids[:, 0]) == [4, 5, 6, 7]  # carried first, marked one step stale
+    assert list(batch2.age) == [1, 1, 0, 0] and stats2["carried_in"] == 2
+    assert len(carry2) == 4
+    restored = Groups.from_state_dict(carry2.state_dict())
+    np.testing.assert_array_equal(restored.prompt_ids, carry2.prompt_ids)
+
+
+def test_without_dynamic_sampling_one_round_keeps_everything():
+    sampler = Sampler(per_round=4, mixed=lambda j: False)
+    batch, stats, _ = collect_groups(sampler, None, train_batch=4, max_gen_batches=10)
+    assert sampler.calls == 1 and len(batch) == 4 and stats["kept_fraction"] == 1.0
+
+
+def test_reward_spread_metric():
+    g = make_groups(np.zeros((2, G), bool))
+    g.rewards[0, 1] = 0.5
+    np.testing.assert_array_equal(spread_keep(g, metric="reward"), [True, False])
+    np.testing.assert_array_equal(spread_keep(g, metric="correct"), [False, False])
