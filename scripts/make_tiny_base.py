@@ -201,6 +201,8 @@ def main(argv=None):
     seconds = time.time() - start
     write_readme(args.out, model.config, stats, n_params, seconds)
     (args.out / "warmup_stats.json").write_text(json.dumps({**stats, "seconds": round(seconds, 1)}, indent=2) + "\n")
+    for f in args.out.iterdir():
+        f.chmod(0o644)  # the safetensors writer may leave 0600; ship readable package data
     size = sum(f.stat().st_size for f in args.out.iterdir())
     print(f"base accuracy (held-out, {EVAL_SIZE}): greedy {stats['greedy_accuracy']:.3f}, "
           f"sampled T=1 {stats['sampled_accuracy']:.3f}; {n_params:,} params; {size / 1e6:.2f} MB at {args.out}; "

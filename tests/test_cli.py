@@ -30,9 +30,11 @@ def make_tiny_model(path: Path) -> Path:
 def overrides(model_dir, run_dir):
     return [f"model.path={model_dir}", f"train.run_dir={run_dir}", "data.max_prompt_length=8", "data.eval_size=4",
             "data.train.options={max_operand: 9, heldout_size: 20}", "data.eval.options={max_operand: 9, heldout_size: 20}",
-            "objective.overlong_buffer=2", "objective.dynamic_sampling=false", "rollout.G=2", "rollout.train_batch=2",
-            "rollout.gen_batch=2", "rollout.max_new_tokens=3", "optim.num_minibatches=1", "train.steps=1",
-            "train.eval_k=2", "train.progress=false", "train.tensorboard=false"]
+            "objective.overlong_buffer=2", "objective.dynamic_sampling=false", "rollout.G=4", "rollout.train_batch=2",
+            "rollout.gen_batch=2", "rollout.max_new_tokens=4", "optim.lr=1e-2", "optim.num_minibatches=1", "train.steps=1",
+            "train.eval_k=2", "train.progress=false", "train.tensorboard=false",
+            # A random model is never right; a digit-format bonus gives the groups reward spread to learn from.
+            "reward.functions=[{name: integer}, {name: format, options: {pattern: '[0-9]', bonus: 1.0}}]"]
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +80,8 @@ def test_export_loads_in_transformers_with_the_same_logits(trained, tmp_path):
     hidden, _ = model(ids, positions_from_mask(mask), mask)
     np.testing.assert_allclose(np.asarray(model.logits(hidden)), ref, atol=1e-4, rtol=1e-4)
     # The exported weights are the trained ones, not the base model's.
+    row = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "grad_norm" in line][0]
+    assert row["grad_norm"] > 0 and row["update_applied"] == 1.0
     base = transformers.AutoModelForCausalLM.from_pretrained(trained[0], dtype=torch.float32)
     assert not torch.allclose(base.model.embed_tokens.weight, hf.model.embed_tokens.weight)
     del nnx

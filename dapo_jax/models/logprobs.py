@@ -100,6 +100,8 @@ def token_logprobs(
         raise ValueError(f"vocab_chunk must be None or a positive integer, got {vocab_chunk!r}")
 
     lead, (t, d), v = hidden.shape[:-2], hidden.shape[-2:], w.shape[1]
+    if t == 0 or hidden.size == 0:
+        return jnp.zeros(targets.shape, jnp.float32), jnp.zeros(targets.shape, jnp.float32)
     dtype = jnp.promote_types(hidden.dtype, w.dtype)
     h = hidden.astype(dtype).reshape(-1, t, d)
     y = targets.astype(jnp.int32).reshape(-1, t)

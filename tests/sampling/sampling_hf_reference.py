@@ -44,7 +44,7 @@ def decoder_from_torch(torch_model, hf: dict, **config_overrides) -> Decoder:
     sd = {k: v.detach().cpu().float().numpy() for k, v in torch_model.state_dict().items()}
 
     def put(param, array):
-        param.value = np.asarray(array, dtype=param.value.dtype)
+        param[...] = np.asarray(array, dtype=param[...].dtype)
 
     put(model.embed_tokens.embedding, sd["model.embed_tokens.weight"])
     for i, layer in enumerate(model.layers):

@@ -90,7 +90,7 @@ def tiny_decoder(dtype="float32", seed=0):
     )
     model = Decoder(cfg, rngs=nnx.Rngs(seed))
     # widen the logits (the 0.02 init gives a near-uniform policy) so top-k/top-p bite
-    model.lm_head.kernel.value = model.lm_head.kernel.value * 40
+    model.lm_head.kernel[...] = model.lm_head.kernel[...] * 40
     return model
 
 
