@@ -30,15 +30,20 @@ MODES = ("fwd", "fwd_bwd")
 def worker(args) -> dict:
     import jax
     import jax.numpy as jnp
+    import numpy as np
 
     from dapo_jax.models.logprobs import naive_token_logprobs, token_logprobs
 
     b, t, v, d = args.batch, args.seq, args.vocab, args.hidden
     dtype = jnp.dtype(args.dtype)
-    k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
-    h = jax.random.normal(k1, (b, t, d), jnp.float32).astype(dtype)
-    w = (0.05 * jax.random.normal(k2, (d, v), jnp.float32)).astype(dtype)
-    y = jax.random.randint(k3, (b, t), 0, v)
+    # float32 straight from NumPy, one array at a time: building the inputs must not set the peak RSS.
+    rng = np.random.default_rng(0)
+    h = jnp.asarray(rng.standard_normal((b, t, d), dtype=np.float32), dtype)
+    w_np = rng.standard_normal((d, v), dtype=np.float32)
+    w_np *= 0.05
+    w = jnp.asarray(w_np, dtype)
+    del w_np
+    y = jnp.asarray(rng.integers(0, v, (b, t)), jnp.int32)
     jax.block_until_ready((h, w, y))
 
     if args.variant == "naive":

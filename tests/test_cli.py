@@ -31,10 +31,10 @@ def overrides(model_dir, run_dir):
     return [f"model.path={model_dir}", f"train.run_dir={run_dir}", "data.max_prompt_length=8", "data.eval_size=4",
             "data.train.options={max_operand: 9, heldout_size: 20}", "data.eval.options={max_operand: 9, heldout_size: 20}",
             "objective.overlong_buffer=2", "objective.dynamic_sampling=false", "rollout.G=4", "rollout.train_batch=2",
-            "rollout.gen_batch=2", "rollout.max_new_tokens=4", "optim.lr=1e-2", "optim.num_minibatches=1", "train.steps=1",
+            "rollout.gen_batch=2", "rollout.max_new_tokens=4", "optim.lr=1e-2", "optim.warmup_steps=0", "optim.num_minibatches=1", "train.steps=1",
             "train.eval_k=2", "train.progress=false", "train.tensorboard=false",
             # A random model is never right; a digit-format bonus gives the groups reward spread to learn from.
-            "reward.functions=[{name: integer}, {name: format, options: {pattern: '[0-9]', bonus: 1.0}}]"]
+            "reward.functions=[{name: synthetic}, {name: format, options: {pattern: '[0-9]', bonus: 1.0}}]"]
 
 
 @pytest.fixture(scope="module")
@@ -107,3 +107,14 @@ def test_named_config_resolves_to_configs_dir(tmp_path, capsys):
     assert main(["train", "tiny_grpo", "optim.lr=-1", f"train.run_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err
     assert "tiny_grpo.yaml" in err and "optim.lr" in err
+
+
+def test_starvation_exits_3_with_its_message(trained, tmp_path, capsys):
+    # Every response "correct" (an always-matching format check): no group has spread, nothing is kept.
+    model_dir, _ = trained
+    args = overrides(model_dir, tmp_path / "starve") + [
+        "objective.dynamic_sampling=true", "rollout.on_starvation=fail", "rollout.max_gen_batches=2",
+        "data.eval=null", "reward.functions=[{name: format, options: {pattern: '.*'}}]"]
+    assert main(["train", *args]) == 3
+    err = capsys.readouterr().err
+    assert "kept 0 of the 2 groups" in err and "max_gen_batches=2" in err

@@ -3,10 +3,12 @@
     generate = make_generate(graphdef, config, num_samples=G)   # compiled once per prompt bucket
     rollout = generate(state, prompt_ids [P,S], prompt_mask [P,S], key)
 
-1. Prefill each (left-padded) prompt once into a `KVCache` of `S + T` slots, then repeat the cache
-   G times (row p -> rows p*G .. p*G+G-1), so the G responses share one prefill.
-2. Draw token 0 from the prefill's last logits; then a `lax.while_loop` feeds token t-1 at position
-   `n_prompt + t - 1` and draws token t, until every row has emitted an EOS or T tokens exist.
+1. Prefill each (left-padded) prompt once with the model's `KVCache`, then lay the cache out as a
+   `DecodeCache` of `S + T` slots repeated G times (row p -> rows p*G .. p*G+G-1), so the G
+   responses share one prefill.
+2. Draw token 0 from the prefill's last logits; then a `lax.while_loop` feeds token t-1 (RoPE
+   position `n_prompt + t - 1`, cache slot `S + t - 1`) through `decode.decode_step` and draws
+   token t, until every row has emitted an EOS or T tokens exist.
 3. After a row's EOS it emits `pad_token_id` with mask 0 and log-probs 0.
 
 The cache travels in the loop carry, so XLA updates it in place; nothing leaves the device until the
@@ -23,10 +25,10 @@ from flax import nnx
 from jax.sharding import PartitionSpec
 
 from dapo_jax.models.decoder import Decoder, KVCache, positions_from_mask
+from dapo_jax.parallel.mesh import BATCH_AXES
 from dapo_jax.sampling.config import SamplingConfig
+from dapo_jax.sampling.decode import DecodeCache, decode_cache_from_prefill, decode_step, fuse_layers
 from dapo_jax.sampling.processors import sample_tokens
-
-BATCH_AXES = ("data", "fsdp")
 
 
 class Rollout(NamedTuple):
@@ -44,7 +46,7 @@ class Rollout(NamedTuple):
 
 class _Carry(NamedTuple):
     t: jax.Array  # next token index to draw
-    cache: KVCache
+    cache: DecodeCache
     logits: jax.Array  # [B, V] f32, for token t
     done: jax.Array  # [B] bool: an EOS was emitted before token t
     tokens: jax.Array  # [B, T]
@@ -65,18 +67,10 @@ def _batch_sharding(x: jax.Array) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, spec)
 
 
-def _shard_cache(cache: KVCache) -> KVCache:
-    k = cache.k
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or not all(a in mesh.axis_names for a in BATCH_AXES):
-        return cache
-    ways = mesh.shape["data"] * mesh.shape["fsdp"]
-    if ways == 1 or k.shape[1] % ways:
-        return cache
-    spec = PartitionSpec(None, BATCH_AXES, None, None, None)
-    return cache._replace(
-        k=jax.lax.with_sharding_constraint(k, spec),
-        v=jax.lax.with_sharding_constraint(cache.v, spec),
+def _shard_cache(cache: DecodeCache) -> DecodeCache:
+    return DecodeCache(
+        k=tuple(_batch_sharding(x) for x in cache.k),
+        v=tuple(_batch_sharding(x) for x in cache.v),
         mask=_batch_sharding(cache.mask),
     )
 
@@ -98,12 +92,13 @@ def rollout_with_steps(
     prompt_ids = _batch_sharding(prompt_ids.astype(jnp.int32))
     prompt_mask = _batch_sharding(prompt_mask.astype(jnp.int32))
 
-    cache = _shard_cache(KVCache.init(model.config, p, s + t_max))
+    # the model's own cached forward for the prefill (S slots), then the in-place decode layout
     positions = positions_from_mask(prompt_mask)
-    hidden, cache = model(prompt_ids, positions, prompt_mask, cache=cache)
+    hidden, cache = model(prompt_ids, positions, prompt_mask, cache=KVCache.init(model.config, p, s))
     # left padding puts every prompt's last real token in the last column
     last_logits = model.logits(hidden[:, -1])  # [P, V]
-    cache = _shard_cache(cache.repeat(g))
+    cache = _shard_cache(decode_cache_from_prefill(cache, max_len=s + t_max, repeats=g))
+    fused = fuse_layers(model)  # loop-invariant: concatenated once, read every step
     logits = _batch_sharding(jnp.repeat(last_logits, g, axis=0))  # [B, V]
     n_prompt = jnp.repeat(prompt_mask.sum(axis=-1), g).astype(jnp.int32)  # [B]
 
@@ -125,10 +120,9 @@ def rollout_with_steps(
         return (carry.t < t_max) & ~jnp.all(carry.done)
 
     def body(carry: _Carry) -> _Carry:
-        prev = jax.lax.dynamic_slice_in_dim(carry.tokens, carry.t - 1, 1, axis=1)  # [B, 1]
-        pos = (n_prompt + carry.t - 1)[:, None]
-        hidden, cache = model(prev, pos, jnp.ones_like(prev), cache=carry.cache)
-        logits = _batch_sharding(model.logits(hidden[:, -1]))
+        prev = jax.lax.dynamic_slice_in_dim(carry.tokens, carry.t - 1, 1, axis=1)[:, 0]  # [B]
+        logits, cache = decode_step(model, fused, carry.cache, prev, n_prompt + carry.t - 1, s + carry.t - 1)
+        logits = _batch_sharding(logits)
         return draw(carry._replace(cache=cache, logits=logits))._replace(t=carry.t + 1)
 
     zeros_bt = lambda dtype: _batch_sharding(jnp.zeros((b, t_max), dtype))

@@ -135,13 +135,13 @@ class TrainSection(_Section):
 
 
 class RewardFunction(_Section):
-    name: str  # dapo_jax.rewards.REWARDS: integer, dapo_answer, gsm8k, boxed, math_verify, format
+    name: str  # dapo_jax.rewards.REWARDS (integer, dapo_answer, gsm8k, boxed, math_verify, format) or "synthetic"
     weight: float = 1.0
     options: dict[str, Any] = Field(default_factory=dict)  # the check's keyword options
 
 
 class RewardSection(_Section):
-    functions: list[RewardFunction] = Field(default_factory=lambda: [RewardFunction(name="integer")])
+    functions: list[RewardFunction] = Field(default_factory=lambda: [RewardFunction(name="synthetic")])
     right: float | None = None  # None = the objective's reward_correct
     wrong: float | None = None  # None = the objective's reward_wrong
     on_error: Literal["raise", "wrong"] = "wrong"
@@ -175,9 +175,10 @@ class RunConfig(_Section):
              f"train_batch={r.train_batch}"),
             ("reward.functions", len(self.reward.functions) > 0, "at least one reward function is needed"),
         ]
-        from dapo_jax.rewards import REWARDS
+        from dapo_jax.training.sources import reward_names
 
-        checks += [(f"reward.functions.{i}.name", f.name in REWARDS, f"unknown reward {f.name!r}; known: {REWARDS}")
+        known = reward_names()
+        checks += [(f"reward.functions.{i}.name", f.name in known, f"unknown reward {f.name!r}; known: {known}")
                    for i, f in enumerate(self.reward.functions)]
         for key, ok, msg in checks:
             if not ok:

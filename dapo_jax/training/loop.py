@@ -114,6 +114,7 @@ def train(cfg: RunConfig) -> dict:
     from tqdm.auto import tqdm
 
     from dapo_jax.objectives.loss import compute_advantages, dynamic_sampling_keep, shape_rewards, token_kl
+    from dapo_jax.parallel.mesh import batch_sharding
     from dapo_jax.sampling.sampler import make_generate
 
     run_dir = Path(cfg.train.run_dir)
@@ -222,9 +223,10 @@ def train(cfg: RunConfig) -> dict:
                 carry=run.carry, carry_surplus=r.carry_surplus,
             )
             t1 = time.perf_counter()
-            batch = prepare(state.params, ref_params, groups.prompt_ids, groups.prompt_mask, groups.response_ids,
-                            groups.response_mask, groups.old_logp, groups.rewards,
-                            np.broadcast_to(groups.valid[:, None], groups.rewards.shape))
+            # Prompts (groups) over ("data", "fsdp"): each device holds whole groups of its slice.
+            host = (groups.prompt_ids, groups.prompt_mask, groups.response_ids, groups.response_mask,
+                    groups.old_logp, groups.rewards, np.broadcast_to(groups.valid[:, None], groups.rewards.shape))
+            batch = prepare(state.params, ref_params, *jax.device_put(host, batch_sharding(mesh)))
             state, m = train_step(state, batch)
             m = jax.device_get(m)
             t2 = time.perf_counter()

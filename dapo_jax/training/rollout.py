@@ -65,12 +65,6 @@ class Groups:
         return Groups(**{f.name: np.asarray(d[f.name]) for f in dataclasses.fields(Groups)})
 
 
-def spread_keep(groups: Groups, *, metric: str = "correct") -> np.ndarray:
-    """`[N]` bool: the group's `metric` ("correct" or "reward") is not constant over its G responses."""
-    values = groups.correct.astype(np.float32) if metric == "correct" else groups.rewards
-    return values.max(axis=1) > values.min(axis=1)
-
-
 def collect_groups(
     sample_round: Callable[[int], Groups],
     keep_fn: Callable[[Groups], np.ndarray] | None,

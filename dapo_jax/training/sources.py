@@ -63,6 +63,26 @@ def decode_responses(tokenizer, response_ids: np.ndarray, response_mask: np.ndar
     return tokenizer.batch_decode(seqs, skip_special_tokens=True)
 
 
+def _synthetic_reward(*, right: float, wrong: float, **options):
+    """The synthetic task's check: the whole response is the integer (`dapo_jax.data.synthetic.is_correct`)."""
+    from dapo_jax.data.synthetic import extract_answer, is_correct
+    from dapo_jax.rewards import RuleReward
+
+    if options:
+        raise TypeError(f"reward 'synthetic' takes no options, got {sorted(options)}")
+    return RuleReward(name="synthetic", check=is_correct, answer_key=extract_answer, right=right, wrong=wrong)
+
+
+# Trainer-side rewards beside `dapo_jax.rewards.REWARDS` (their checks live with their data).
+EXTRA_REWARDS = {"synthetic": _synthetic_reward}
+
+
+def reward_names() -> tuple[str, ...]:
+    from dapo_jax.rewards import REWARDS
+
+    return (*REWARDS, *EXTRA_REWARDS)
+
+
 Scorer = Callable[[list[str], list[str]], tuple[np.ndarray, np.ndarray, list]]
 
 
@@ -80,7 +100,11 @@ def make_scorer(reward_cfg, objective) -> Scorer:
     fns = []
     for i, f in enumerate(reward_cfg.functions):
         try:
-            fns.append((f.weight, make_reward(f.name, right=right, wrong=wrong, **f.options)))
+            if f.name in EXTRA_REWARDS:
+                fn = EXTRA_REWARDS[f.name](right=right, wrong=wrong, **f.options)
+            else:
+                fn = make_reward(f.name, right=right, wrong=wrong, **f.options)
+            fns.append((f.weight, fn))
         except (KeyError, TypeError, ValueError) as e:
             raise DataError(f"reward.functions.{i} ({f.name!r}): {e}") from e
 

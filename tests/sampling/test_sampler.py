@@ -8,29 +8,28 @@ import pytest
 from flax import nnx
 
 from dapo_jax.models.config import ModelConfig
-from dapo_jax.models.decoder import Decoder, KVCache, positions_from_mask
+from dapo_jax.models.decoder import Decoder, positions_from_mask
 from dapo_jax.sampling import Rollout, SamplingConfig, generate, make_generate, pad_to_bucket
 
 
 # --------------------------------------------------------------------------- a scripted model
-class ChainModel(nnx.Module):
-    """Emits `(last token + 1) mod V` with a logit margin of 50: a known, deterministic continuation."""
+def chain_decoder(vocab: int = 32, margin: float = 50.0) -> Decoder:
+    """A real Decoder that emits `(last token + 1) mod V` with a logit margin of 50.
 
-    def __init__(self, vocab: int = 32):
-        self.config = ModelConfig(
-            model_type="qwen2", vocab_size=vocab, hidden_size=vocab, intermediate_size=4, num_hidden_layers=1,
-            num_attention_heads=1, num_key_value_heads=1, head_dim=2,
-        )
-        self.margin = nnx.Param(jnp.float32(50.0))
-
-    def __call__(self, input_ids, positions, attention_mask, cache: KVCache | None = None):
-        hidden = jax.nn.one_hot(input_ids, self.config.vocab_size)
-        if cache is not None:
-            cache = cache._replace(end=cache.end + input_ids.shape[1])
-        return hidden, cache
-
-    def logits(self, hidden):
-        return jnp.roll(hidden, 1, axis=-1) * self.margin[...]
+    Every layer weight is 0, so each block is the identity; the embedding is one-hot (d = V), the
+    final RMSNorm scales it by sqrt(V), and lm_head is the cyclic shift scaled back by 1/sqrt(V).
+    """
+    cfg = ModelConfig(
+        model_type="qwen2", vocab_size=vocab, hidden_size=vocab, intermediate_size=4, num_hidden_layers=1,
+        num_attention_heads=1, num_key_value_heads=1, head_dim=2, attention_bias=False,
+    )
+    model = Decoder(cfg, rngs=nnx.Rngs(0))
+    for path, param in nnx.iter_graph(model):
+        if isinstance(param, nnx.Param) and "layers" in path and "layernorm" not in "/".join(map(str, path)):
+            param[...] = jnp.zeros_like(param[...])
+    model.embed_tokens.embedding[...] = jnp.eye(vocab)
+    model.lm_head.kernel[...] = jnp.roll(jnp.eye(vocab), 1, axis=1) * margin / np.sqrt(vocab)
+    return model
 
 
 EOS = (20, 25)
@@ -39,7 +38,7 @@ EOS = (20, 25)
 def chain_rollout(prompts, *, max_new_tokens=8, num_samples=2, temperature=1.0):
     ids, mask = pad_to_bucket(prompts, (4,), pad_id=0)
     config = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, eos_token_ids=EOS, pad_token_id=0)
-    graphdef, state = nnx.split(ChainModel())
+    graphdef, state = nnx.split(chain_decoder())
     gen = make_generate(graphdef, config, num_samples, with_steps=True)
     return gen(state, jnp.asarray(ids), jnp.asarray(mask), jax.random.key(0))
 

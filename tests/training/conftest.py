@@ -4,8 +4,6 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-SHIPPED = REPO / "dapo_jax" / "assets" / "tiny_base"
 
 
 def make_tiny_model(path: Path, seed: int = 0) -> Path:
@@ -51,6 +49,7 @@ def tiny_overrides(model_dir: Path, run_dir: Path, **extra) -> list[str]:
         "rollout.max_new_tokens": 4,
         "optim.lr": 1e-3,
         "optim.weight_decay": 0.0,
+        "optim.warmup_steps": 0,
         "train.steps": 2,
         "train.eval_k": 2,
         "train.checkpoint_every": 1,

@@ -1,6 +1,5 @@
 """Typed config: shipped configs load, overrides parse with YAML, errors name the key and the file."""
 
-from pathlib import Path
 
 import pytest
 import yaml

@@ -58,6 +58,11 @@ def test_run_writes_metrics_config_and_checkpoints(base_run):
     for key in ("eval/accuracy", "eval/pass@2", "eval/maj@2", "eval/avg@2"):
         assert key in rows[0] and key in rows[2]
     assert any(r["trained_groups"] > 0 and r["grad_norm"] > 0 for r in train_rows), "nothing was trained on"
+    # Dynamic sampling: never a zero-spread (all-zero advantage) group among the trained ones, and the
+    # batch is exactly train_batch (kept groups, then mask-0 padding under on_starvation=train_on_kept).
+    for r in train_rows:
+        assert r["zero_adv_group_frac"] == 0.0
+        assert r["trained_groups"] == min(cfg.rollout.train_batch, r["kept_fraction"] * r["generated_groups"])
     assert final["step"] == 2 and "eval/accuracy" in final
 
 
@@ -138,3 +143,5 @@ def test_mesh_2x2x2_matches_one_device(base_run, tmp_path, run):
     assert [r["reward_mean"] for r in read_metrics(run_dir)[1:]] == [r["reward_mean"] for r in read_metrics(sharded)[1:]]
     for a, b in zip(params_a, params_b):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    base = [np.asarray(x) for x in jax.tree.leaves(_abstract(cfg).params)]  # training did move the params
+    assert max(float(np.abs(a - b).max()) for a, b in zip(params_a, base)) > 1e-4

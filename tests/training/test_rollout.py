@@ -3,7 +3,9 @@
 import numpy as np
 import pytest
 
-from dapo_jax.training.rollout import Groups, StarvationError, collect_groups, spread_keep
+from dapo_jax.objectives.loss import dynamic_sampling_keep
+from dapo_jax.objectives.registry import load_objective
+from dapo_jax.training.rollout import Groups, StarvationError, collect_groups
 
 G, S, T = 4, 3, 5
 
@@ -42,8 +44,13 @@ class Sampler:
         return make_groups(correct, start)
 
 
+DAPO = load_objective("dapo")  # dynamic_sampling_metric: correct
+
+
 def keep(groups):
-    return spread_keep(groups, metric="correct")
+    """The loop's keep function: the objective's DAPO filter 0 < #correct < G."""
+    k, _ = dynamic_sampling_keep(DAPO, correct=groups.correct, rewards=groups.rewards)
+    return np.asarray(k, bool)
 
 
 def test_fills_exactly_and_never_keeps_zero_spread():
@@ -98,5 +105,7 @@ def test_without_dynamic_sampling_one_round_keeps_everything():
 def test_reward_spread_metric():
     g = make_groups(np.zeros((2, G), bool))
     g.rewards[0, 1] = 0.5
-    np.testing.assert_array_equal(spread_keep(g, metric="reward"), [True, False])
-    np.testing.assert_array_equal(spread_keep(g, metric="correct"), [False, False])
+    by_reward = load_objective("dapo", dynamic_sampling_metric="reward")
+    k, _ = dynamic_sampling_keep(by_reward, correct=g.correct, rewards=g.rewards)
+    np.testing.assert_array_equal(np.asarray(k), [True, False])
+    np.testing.assert_array_equal(keep(g), [False, False])

@@ -51,16 +51,20 @@ def make_batch(seed=0, old_shift=0.0):
     )
 
 
-def run(num_minibatches, micro_batches, batch, *, optim=None, steps=1):
-    model = tiny_model()
-    graphdef, params = nnx.split(model)
-    optim = optim or OptimSection(lr=1e-2, weight_decay=0.0, grad_clip=None)
-    tx, schedule = make_optimizer(optim)
+_STEPS = {}
+
+
+def run(num_minibatches, micro_batches, batch, *, steps=1):
+    """A fresh tiny model updated `steps` times (compiled steps are shared between tests)."""
+    graphdef, params = nnx.split(tiny_model())
+    tx, schedule = make_optimizer(OptimSection(lr=1e-2, weight_decay=0.0, grad_clip=None))
+    key = (num_minibatches, micro_batches)
+    if key not in _STEPS:
+        _STEPS[key] = make_train_step(graphdef, tx, schedule, objective=None, num_minibatches=num_minibatches,
+                                      micro_batches=micro_batches, loss_terms=token_mean_surrogate)
     state = init_train_state(params, tx)
-    step = make_train_step(graphdef, tx, schedule, objective=None, num_minibatches=num_minibatches,
-                           micro_batches=micro_batches, loss_terms=token_mean_surrogate)
     for _ in range(steps):
-        state, metrics = step(state, batch)
+        state, metrics = _STEPS[key](state, batch)
     return state, metrics, graphdef
 
 
@@ -78,7 +82,7 @@ def reference_update(batch, lr=1e-2):
                                        mask=batch.response_mask)
         return s / d
 
-    grads = jax.grad(loss)(params)
+    grads = jax.jit(jax.grad(loss))(params)
     # Adam's first step: m/(sqrt(v)+eps) = g/(|g|+eps) (bias-corrected), so Δ = -lr * g/(|g|+eps).
     return jax.tree.map(lambda p, g: p - lr * g / (jnp.abs(g) + 1e-8), params, grads), grads
 
@@ -116,7 +120,7 @@ def test_minibatches_take_several_optimizer_steps():
 def test_non_finite_gradient_skips_update_and_is_counted():
     batch = make_batch()
     bad = batch._replace(advantages=batch.advantages.at[0, 0, 0].set(jnp.nan))
-    state, metrics, _ = run(1, 2, bad)
+    state, metrics, _ = run(1, 4, bad)
     before = leaves(nnx.split(tiny_model())[1])
     for a, b in zip(before, leaves(state.params)):
         np.testing.assert_array_equal(a, b)
@@ -128,7 +132,7 @@ def test_non_finite_gradient_skips_update_and_is_counted():
 def test_fully_masked_batch_does_not_move_params():
     batch = make_batch()
     empty = batch._replace(response_mask=jnp.zeros_like(batch.response_mask))
-    state, metrics, _ = run(1, 1, empty)
+    state, metrics, _ = run(1, 4, empty)
     for a, b in zip(leaves(nnx.split(tiny_model())[1]), leaves(state.params)):
         np.testing.assert_array_equal(a, b)
     assert int(state.skipped) == 0
@@ -147,13 +151,6 @@ def test_schedule_warmup_then_constant_or_cosine(schedule):
 
 
 def test_no_recompilation_across_steps():
-    batch = make_batch()
-    model = tiny_model()
-    graphdef, params = nnx.split(model)
-    tx, schedule = make_optimizer(OptimSection(lr=1e-3))
-    step = make_train_step(graphdef, tx, schedule, objective=None, num_minibatches=2, micro_batches=2,
-                           loss_terms=token_mean_surrogate)
-    state = init_train_state(params, tx)
-    state, _ = step(state, batch)
-    state, _ = step(state, make_batch(seed=1))
-    assert step._cache_size() == 1
+    state, _, _ = run(2, 2, make_batch(), steps=2)
+    _STEPS[(2, 2)](state, make_batch(seed=1))
+    assert _STEPS[(2, 2)]._cache_size() == 1

@@ -1,0 +1,64 @@
+"""Data and reward plumbing of the trainer: fixed prompt shapes, resumable stream, errors naming file/row/key."""
+
+import json
+
+import numpy as np
+import pytest
+
+from dapo_jax.data.char_tokenizer import build_char_tokenizer
+from dapo_jax.training.config import RewardSection, SourceSection, load_config
+from dapo_jax.training.sources import DataError, decode_responses, load_source, make_scorer, make_stream
+
+TOK = build_char_tokenizer()
+
+
+def test_stream_batches_have_one_fixed_shape_and_resume_exactly():
+    src = SourceSection(options={"max_operand": 9, "heldout_size": 20})
+    a = make_stream(src, TOK, max_prompt_length=8, seed=3)
+    shapes = {a.next_batch(5).input_ids.shape for _ in range(4)}
+    assert shapes == {(5, 8)}
+    state = a.state_dict()
+    b = make_stream(src, TOK, max_prompt_length=8, seed=3)
+    b.load_state_dict(state)
+    x, y = a.next_batch(7), b.next_batch(7)
+    np.testing.assert_array_equal(x.input_ids, y.input_ids)
+    assert x.answers == y.answers
+    # Left padding: every prompt's last token sits in the last column.
+    assert (x.attention_mask[:, -1] == 1).all()
+
+
+def test_dataset_file_errors_name_file_row_and_field(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n" + json.dumps({"question": "x"}) + "\n")
+    with pytest.raises(DataError, match=r"bad.jsonl.*row 1.*answer"):
+        load_source(SourceSection(name=str(path), format="gsm8k"))
+    with pytest.raises(DataError, match="no such file"):
+        load_source(SourceSection(name=str(tmp_path / "absent.jsonl"), format="gsm8k"))
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps({"question": "1+1?", "answer": "so #### 2"}) + "\n")
+    assert load_source(SourceSection(name=str(good), format="gsm8k"))[0].answer == "2"
+
+
+def test_too_long_prompts_are_a_named_error():
+    src = SourceSection(options={"max_operand": 9, "heldout_size": 20})
+    with pytest.raises(DataError, match="max_prompt_length=2"):
+        make_stream(src, TOK, max_prompt_length=2, seed=0)
+
+
+def test_scorer_weighted_sum_correct_from_first_function():
+    obj = load_config(None).objective_config  # reward_correct 1, reward_wrong -1
+    reward = RewardSection(functions=[{"name": "synthetic"}, {"name": "format", "weight": 0.5,
+                                                           "options": {"pattern": "^1", "bonus": 1.0}}])
+    score = make_scorer(reward, obj)
+    rewards, correct, keys = score(["12", "13", "7"], ["12", "12", "7"])
+    np.testing.assert_allclose(rewards, [1 + 0.5, -1 + 0.5, 1 + 0.0])
+    np.testing.assert_array_equal(correct, [True, False, True])
+    assert keys == ["12", "13", "7"]
+    with pytest.raises(DataError, match=r"reward.functions.0"):
+        make_scorer(RewardSection(functions=[{"name": "synthetic", "options": {"bogus": 1}}]), obj)
+
+
+def test_decode_drops_padding_and_eos():
+    ids = np.array([TOK.encode("42", add_special_tokens=False) + [TOK.eos_token_id, TOK.pad_token_id]])
+    mask = np.array([[1, 1, 1, 0]])
+    assert decode_responses(TOK, ids, mask) == ["42"]
