@@ -122,7 +122,7 @@ def bench_size(name: str, hf: dict, args) -> dict:
         assert int(out.lengths.min()) == args.new_tokens
         return dt
 
-    def run_hf(i):
+    def run_hf(i, new_tokens=args.new_tokens):
         import torch
 
         torch.manual_seed(i)
@@ -131,15 +131,26 @@ def bench_size(name: str, hf: dict, args) -> dict:
             out = tmodel.generate(
                 torch.from_numpy(ids.astype(np.int64)), attention_mask=torch.from_numpy(mask.astype(np.int64)),
                 do_sample=True, temperature=args.temperature, top_k=0, top_p=1.0,
-                max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
+                max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                 num_return_sequences=args.group, pad_token_id=0, eos_token_id=None,
             )
         dt = time.perf_counter() - t
-        assert out.shape == (args.prompts * args.group, ids.shape[1] + args.new_tokens), out.shape
+        assert out.shape == (args.prompts * args.group, ids.shape[1] + new_tokens), out.shape
         return dt
 
+    threads = None
     if with_torch:
+        import torch
+
         run_hf(0)  # warm-up (allocator, lazy inits)
+        threads = args.torch_threads
+        if threads == 0:  # on a shared CPU, 1 thread can beat 2 by 10x (spinning workers): give torch its best
+            timed = {}
+            for n in (1, os.cpu_count() or 1):
+                torch.set_num_threads(n)
+                timed[n] = run_hf(0, new_tokens=16)
+            threads = min(timed, key=timed.get)
+        torch.set_num_threads(threads)
     ours, theirs = [], []
     for i in range(args.repeats):
         ours.append(run_ours(i))
@@ -148,7 +159,7 @@ def bench_size(name: str, hf: dict, args) -> dict:
     result = dict(
         size=name, params=n_params, sequences=args.prompts * args.group, new_tokens=args.new_tokens,
         compile_s=first_call - min(ours), ours_s=min(ours), ours_tok_s=n_tokens / min(ours),
-        ours_all=ours, hf_all=theirs,
+        ours_all=ours, hf_all=theirs, torch_threads=threads,
     )
     if with_torch:
         result.update(hf_s=min(theirs), hf_tok_s=n_tokens / min(theirs), speedup=min(theirs) / min(ours))
@@ -166,6 +177,7 @@ def main(argv=None):
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--torch-threads", type=int, default=0, help="0: try 1 and all cores, keep the faster")
     parser.add_argument("--no-hf", action="store_true", help="skip transformers (default with --gpu-size)")
     parser.add_argument("--with-hf", action="store_true", help="run transformers even with --gpu-size")
     args = parser.parse_args(argv)
@@ -185,8 +197,8 @@ def main(argv=None):
         r = bench_size(name, hf, args)
         hf_cell = f"{r['hf_tok_s']:10.0f} {r['speedup']:5.2f}x" if "hf_s" in r else f"{'-':>10} {'-':>6}"
         print(f"{name:>20} {r['params'] / 1e6:9.2f}M {r['compile_s']:10.2f} {r['ours_tok_s']:11.0f} {hf_cell}", flush=True)
-        print(f"{'':>20} ours s: {[round(x, 3) for x in r['ours_all']]}  hf s: {[round(x, 3) for x in r['hf_all']]}",
-              flush=True)
+        print(f"{'':>20} ours s: {[round(x, 3) for x in r['ours_all']]}  hf s: {[round(x, 3) for x in r['hf_all']]}"
+              f"  torch threads: {r['torch_threads']}", flush=True)
 
 
 if __name__ == "__main__":
