@@ -12,6 +12,7 @@ import jax
 import numpy as np
 
 from dapo_jax.evaluation.metrics import avg_at_k, maj_at_k, pass_at_k
+from dapo_jax.parallel.host import to_host
 from dapo_jax.training.sources import decode_responses
 
 
@@ -26,7 +27,7 @@ def evaluate(generate, params, stream, *, tokenizer, scorer, key, batch_size: in
         chunk = examples[start:start + batch_size]
         batch = stream.pad(chunk + [chunk[-1]] * (batch_size - len(chunk)))
         out = generate(params, batch.input_ids, batch.attention_mask, jax.random.fold_in(key, start))
-        resp_ids, resp_mask = jax.device_get((out.response_ids, out.response_mask))
+        resp_ids, resp_mask = to_host((out.response_ids, out.response_mask))
         b, g, t = resp_ids.shape
         texts = decode_responses(tokenizer, resp_ids.reshape(b * g, t), resp_mask.reshape(b * g, t))
         _, ok, keys = scorer(texts, [a for a in batch.answers for _ in range(g)])

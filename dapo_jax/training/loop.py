@@ -23,6 +23,7 @@ import numpy as np
 import yaml
 from flax import nnx
 
+from dapo_jax.parallel.host import to_global, to_host
 from dapo_jax.training import sources
 from dapo_jax.training.checkpoint import Checkpointer
 from dapo_jax.training.config import ConfigError, RunConfig, resolve_path, save_config
@@ -182,7 +183,10 @@ def train(cfg: RunConfig) -> dict:
             if eval_stream is None:
                 return {}
             t0 = time.perf_counter()
-            res = evaluate(generate_eval, state.params, eval_stream, tokenizer=tokenizer, scorer=scorer,
+            def sharded_generate(params, ids, mask, k):  # prompts laid out over the mesh, as in training
+                return generate_eval(params, *to_global((ids, mask), batch_sharding(mesh)), k)
+
+            res = evaluate(sharded_generate, state.params, eval_stream, tokenizer=tokenizer, scorer=scorer,
                            key=jax.random.fold_in(key, 10_000_019), batch_size=r.gen_batch,
                            k=cfg.train.eval_k, limit=cfg.data.eval_size)
             res["eval/time_s"] = time.perf_counter() - t0
@@ -192,8 +196,9 @@ def train(cfg: RunConfig) -> dict:
         def sample_round(step: int, round_idx: int) -> Groups:
             prompts = stream.next_batch(r.gen_batch)
             ids, pmask = prompts.input_ids, prompts.attention_mask
-            out = generate(state.params, ids, pmask, jax.random.fold_in(jax.random.fold_in(key, step), round_idx))
-            out = jax.device_get(out)
+            ids_g, pmask_g = to_global((ids, pmask), batch_sharding(mesh))
+            out = generate(state.params, ids_g, pmask_g, jax.random.fold_in(jax.random.fold_in(key, step), round_idx))
+            out = to_host(out)
             p, g, t = out.response_ids.shape
             texts = sources.decode_responses(tokenizer, out.response_ids.reshape(p * g, t),
                                              out.response_mask.reshape(p * g, t))
@@ -226,9 +231,9 @@ def train(cfg: RunConfig) -> dict:
             # Prompts (groups) over ("data", "fsdp"): each device holds whole groups of its slice.
             host = (groups.prompt_ids, groups.prompt_mask, groups.response_ids, groups.response_mask,
                     groups.old_logp, groups.rewards, np.broadcast_to(groups.valid[:, None], groups.rewards.shape))
-            batch = prepare(state.params, ref_params, *jax.device_put(host, batch_sharding(mesh)))
+            batch = prepare(state.params, ref_params, *to_global(host, batch_sharding(mesh)))
             state, m = train_step(state, batch)
-            m = jax.device_get(m)
+            m = to_host(m)
             t2 = time.perf_counter()
             run.step = step
             row = {**stats, **{k: v for k, v in m.items()},
