@@ -50,23 +50,48 @@ def truncation_mask(logprobs: jax.Array, *, top_k: int = 0, top_p: float = 1.0) 
     return logprobs >= threshold
 
 
-def _inverse_cdf_sample(key: jax.Array, log_weights: jax.Array) -> jax.Array:
-    """One index per row with probability ∝ exp(log_weights); -inf entries are never drawn.
-
-    One uniform per row (not V Gumbels): the decode loop runs this every step on [B, V], and
-    generating B*V random bits costs more than the tiny models' forward pass on CPU.
-    """
-    weights = jnp.exp(log_weights - jnp.max(log_weights, axis=-1, keepdims=True))
+def _inverse_cdf(uniform: jax.Array, weights: jax.Array) -> jax.Array:
+    """`[B]` indices with probability ∝ `weights [B, V]` (>= 0, zero entries never drawn), from one
+    uniform per row (not V Gumbels: generating B*V random bits each step costs more than the tiny
+    models' forward pass on CPU)."""
     cdf = jnp.cumsum(weights, axis=-1)
     total = cdf[..., -1:]
-    u = jax.random.uniform(key, total.shape, jnp.float32)
     # x < total strictly, so the first index with cdf > x has positive weight (never a masked token)
-    x = jnp.minimum(u * total, jnp.nextafter(total, jnp.zeros_like(total)))
+    x = jnp.minimum(uniform[:, None] * total, jnp.nextafter(total, jnp.zeros_like(total)))
     return jnp.sum(cdf <= x, axis=-1).astype(jnp.int32)
 
 
+def _pick(x: jax.Array, tokens: jax.Array) -> jax.Array:
+    return jnp.take_along_axis(x, tokens[:, None], axis=-1)[:, 0]
+
+
+def draw_tokens(
+    uniform: jax.Array, logits: jax.Array, *, config: SamplingConfig
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """`sample_tokens` given its randomness: `uniform [B]` in [0, 1), one per row.
+
+    The rollout draws every step's uniforms up front, so the decode loop runs no PRNG. Without
+    truncation it exponentiates the logits once: `w = exp(z/tau - max)`, `logprob = log w[token] -
+    log sum(w)`, the same float32 math as `log_softmax`.
+    """
+    if config.is_greedy:
+        return sample_tokens(None, logits, config=config)
+    z = logits.astype(jnp.float32) / config.logprob_temperature
+    shifted = z - jnp.max(z, axis=-1, keepdims=True)
+    if config.truncates:
+        logp = shifted - jnp.log(jnp.sum(jnp.exp(shifted), axis=-1, keepdims=True))
+        keep = truncation_mask(logp, top_k=config.top_k, top_p=config.top_p)
+        q = jax.nn.log_softmax(jnp.where(keep, logp, _NEG_INF), axis=-1)
+        tokens = _inverse_cdf(uniform, jnp.exp(q))
+        return tokens, _pick(logp, tokens), _pick(q, tokens)
+    weights = jnp.exp(shifted)
+    tokens = _inverse_cdf(uniform, weights)
+    picked = _pick(shifted, tokens) - jnp.log(jnp.sum(weights, axis=-1))
+    return tokens, picked, picked
+
+
 def sample_tokens(
-    key: jax.Array, logits: jax.Array, *, config: SamplingConfig
+    key: jax.Array | None, logits: jax.Array, *, config: SamplingConfig
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Draws one token per row.
 
@@ -80,17 +105,10 @@ def sample_tokens(
       temperature 0), sampled_logprob `[B]` = log q(token) under the distribution actually sampled
       (0 when greedy: a point mass).
     """
-    logp = tempered_logprobs(logits, temperature=config.logprob_temperature)
     if config.is_greedy:
+        logp = tempered_logprobs(logits, temperature=config.logprob_temperature)
         tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        picked = jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+        picked = _pick(logp, tokens)
         return tokens, picked, jnp.zeros_like(picked)
-    if config.truncates:
-        keep = truncation_mask(logp, top_k=config.top_k, top_p=config.top_p)
-        q = jax.nn.log_softmax(jnp.where(keep, logp, _NEG_INF), axis=-1)
-    else:
-        q = logp
-    tokens = _inverse_cdf_sample(key, q)
-    picked = jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
-    picked_q = jnp.take_along_axis(q, tokens[:, None], axis=-1)[:, 0] if config.truncates else picked
-    return tokens, picked, picked_q
+    uniform = jax.random.uniform(key, logits.shape[:1], jnp.float32)
+    return draw_tokens(uniform, logits, config=config)

@@ -28,7 +28,7 @@ from dapo_jax.models.decoder import Decoder, KVCache, positions_from_mask
 from dapo_jax.parallel.mesh import BATCH_AXES
 from dapo_jax.sampling.config import SamplingConfig
 from dapo_jax.sampling.decode import DecodeCache, decode_cache_from_prefill, decode_step, fuse_layers
-from dapo_jax.sampling.processors import sample_tokens
+from dapo_jax.sampling.processors import draw_tokens
 
 
 class Rollout(NamedTuple):
@@ -102,10 +102,15 @@ def rollout_with_steps(
     logits = _batch_sharding(jnp.repeat(last_logits, g, axis=0))  # [B, V]
     n_prompt = jnp.repeat(prompt_mask.sum(axis=-1), g).astype(jnp.int32)  # [B]
 
+    # every step's randomness at once, so the loop body runs no PRNG (on CPU a threefry call is a
+    # small loop of its own); greedy draws none
+    uniforms = None if config.is_greedy else _batch_sharding(jax.random.uniform(key, (b, t_max), jnp.float32))
+
     def draw(carry: _Carry) -> _Carry:
         """Draws token t from carry.logits and records it (pad / mask 0 on finished rows)."""
         t = carry.t
-        tok, lp, lq = sample_tokens(jax.random.fold_in(key, t), carry.logits, config=config)
+        u = None if uniforms is None else jax.lax.dynamic_slice_in_dim(uniforms, t, 1, axis=1)[:, 0]
+        tok, lp, lq = draw_tokens(u, carry.logits, config=config)
         live = ~carry.done
         tok = jnp.where(live, tok, config.pad_token_id)
         lp, lq = jnp.where(live, lp, 0.0), jnp.where(live, lq, 0.0)
