@@ -1,25 +1,28 @@
-"""One-token decode step over a per-layer, head-major KV cache that XLA updates in place.
+"""One-token decode step over a head-major KV cache split into the prompts' part and the responses'.
 
 `Decoder.__call__(..., cache=KVCache)` is the reference semantics, but its cache is one stacked
 `[L, B, S_max, H_kv, D]` array rebuilt with `jnp.stack` every call: inside a `while_loop` that is a
-full copy of every layer's keys and values per generated token, plus a transpose of each layer's
-cache for the attention einsum. This step computes exactly the same function with:
+full copy of every layer's keys and values per generated token. This step computes exactly the same
+function with:
 
-- one keys and one values array per layer (a tuple in the loop carry), each written with a single
-  `dynamic_update_slice` at the current slot, so XLA aliases them in place;
-- head-major layouts, keys `[B, H_kv, D, S_max]` and values `[B, H_kv, S_max, D]`, so `q·K` and
-  `p·V` are plain batched matmuls (with keys `[.., S, D]` the CPU dot transposes the whole cache
-  every step: measured 8x slower);
+- the prompt's keys and values stored once per prompt (`PromptCache`, `[P, ...]`), not once per
+  sample: the `G` samples of a prompt read them in one `[G r, D] x [D, S]` matmul;
+- the response slots in blocks (`ResponseCache`, `[P, H_kv, G, ...]`): the rollout fills one block
+  per `while_loop`, attending to the finished blocks (`past`, loop-invariant) and to the filled
+  part of its own, so a step reads about 5/8 of the response slots, not all `T`;
+- one array per layer, written with a single `dynamic_update_slice` per step (aliased in place);
+- head-major layouts, keys `[..., D, slots]` and values `[..., slots, D]`, so `q·K` and `p·V` are
+  plain batched matmuls (with keys `[.., S, D]` the CPU dot is 2-3x slower);
 - `[q|k|v]` and `[gate|up]` kernels concatenated once per rollout (`fuse_layers`), and the RoPE
   angles computed once per step, not per layer.
 
-For the new token at slot `j` (all earlier slots with `mask = 1` visible):
+For the new token (every visible slot of its row, its own included):
 
     s_k = q·k_k / sqrt(D)  (masked -> -1e30),   out = softmax(s)·V,   x += o_proj(out),   x += MLP(x)
 
-It reuses the model's own submodules (norms, o/down projections, embedding, logits) and its
-parameters, dtypes and casts. `tests/sampling` checks it token for token against transformers and the
-model's full forward.
+with one softmax over the concatenated prompt, past and block scores. It reuses the model's own
+submodules (norms, o/down projections, embedding, logits) and its parameters, dtypes and casts.
+`tests/sampling` checks it token for token against transformers and the model's full forward.
 """
 
 from __future__ import annotations
@@ -59,61 +62,85 @@ def fuse_layers(model: Decoder) -> tuple[FusedLayer, ...]:
     return tuple(fused)
 
 
-class DecodeCache(NamedTuple):
-    """Per layer: keys `[B, H_kv, D, S_max]`, values `[B, H_kv, S_max, D]`; `mask[b, j]` = slot j is real."""
+class PromptCache(NamedTuple):
+    """The prefilled prompts, once per prompt (not per sample). Per layer: keys `[P, H_kv, D, S]`,
+    values `[P, H_kv, S, D]`; `mask[p, j]` = slot j is a real token."""
 
-    k: tuple[jax.Array, ...]  # transposed, so q·K is a plain [r, D] x [D, S] matmul
+    k: tuple[jax.Array, ...]  # transposed, so q·K is a plain [G r, D] x [D, S] matmul
     v: tuple[jax.Array, ...]
-    mask: jax.Array  # [B, S_max] bool
+    mask: jax.Array  # [P, S] bool
 
 
-def decode_cache_from_prefill(cache: KVCache, *, max_len: int, repeats: int = 1) -> DecodeCache:
-    """The model's prefilled `KVCache` (`[L, P, S, H_kv, D]`, S filled slots) as a `DecodeCache` of
-    `max_len` slots, each row repeated `repeats` times (row p -> rows p*G .. p*G+G-1)."""
-    _, _, s, _, _ = cache.k.shape
-    pad = max_len - s
+class ResponseCache(NamedTuple):
+    """`n` consecutive response slots of the `G` samples of each prompt. Per layer: keys
+    `[P, H_kv, G, D, n]`, values `[P, H_kv, G, n, D]` (row `b = p*G + g`)."""
 
-    def keys(x):  # [P, S, H, D] -> [P*G, H, D, max_len]
-        x = jnp.repeat(jnp.transpose(x, (0, 2, 3, 1)), repeats, axis=0)
-        return jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, pad)))
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
 
-    def values(x):  # [P, S, H, D] -> [P*G, H, max_len, D]
-        x = jnp.repeat(jnp.swapaxes(x, 1, 2), repeats, axis=0)
-        return jnp.pad(x, ((0, 0), (0, 0), (0, pad), (0, 0)))
 
-    mask = jnp.pad(jnp.repeat(cache.mask, repeats, axis=0), ((0, 0), (0, pad)))
+def prompt_cache_from_prefill(cache: KVCache) -> PromptCache:
+    """The model's prefilled `KVCache` (`[L, P, S, H_kv, D]`) in the head-major decode layout."""
     n_layers = cache.k.shape[0]
-    return DecodeCache(
-        k=tuple(keys(cache.k[i]) for i in range(n_layers)),
-        v=tuple(values(cache.v[i]) for i in range(n_layers)),
-        mask=mask,
+    return PromptCache(
+        k=tuple(jnp.transpose(cache.k[i], (0, 2, 3, 1)) for i in range(n_layers)),
+        v=tuple(jnp.swapaxes(cache.v[i], 1, 2) for i in range(n_layers)),
+        mask=cache.mask,
+    )
+
+
+def empty_response_cache(prompt: PromptCache, num_samples: int, num_slots: int) -> ResponseCache:
+    """A zero `ResponseCache` of `num_slots` slots shaped after `prompt`."""
+    def zeros(x, *tail):
+        p, h_kv = x.shape[:2]
+        return jnp.zeros((p, h_kv, num_samples, *tail), x.dtype)
+
+    d = prompt.v[0].shape[-1]
+    return ResponseCache(
+        k=tuple(zeros(x, d, num_slots) for x in prompt.k), v=tuple(zeros(x, num_slots, d) for x in prompt.v),
+    )
+
+
+def concat_response_caches(a: ResponseCache | None, b: ResponseCache) -> ResponseCache:
+    """`a`'s slots followed by `b`'s (`b` when `a` is None)."""
+    if a is None:
+        return b
+    return ResponseCache(
+        k=tuple(jnp.concatenate(kk, axis=-1) for kk in zip(a.k, b.k)),
+        v=tuple(jnp.concatenate(vv, axis=-2) for vv in zip(a.v, b.v)),
     )
 
 
 def decode_step(
-    model: Decoder, fused: tuple[FusedLayer, ...], cache: DecodeCache, tokens: jax.Array, positions: jax.Array,
-    slot: jax.Array,
-) -> tuple[jax.Array, DecodeCache]:
+    model: Decoder, fused: tuple[FusedLayer, ...], prompt: PromptCache, past: ResponseCache | None,
+    block: ResponseCache, tokens: jax.Array, positions: jax.Array, slot: jax.Array,
+) -> tuple[jax.Array, ResponseCache]:
     """Feeds one token per row and returns the next-token logits.
+
+    The context of row `b = p*G + g` is its prompt's real slots, every slot of `past` and
+    `block`'s slots `[0, slot]`, the new token's own included.
 
     Args:
       model: the `Decoder` whose parameters to use.
       fused: `fuse_layers(model)`, computed once outside the decode loop.
-      cache: the `DecodeCache`; slots `[0, slot)` hold the context.
-      tokens: `[B]` int token ids, written at cache slot `slot` (a scalar, the same for every row).
+      prompt: the `PromptCache` of the `P` prompts.
+      past: the filled response slots before `block` (loop-invariant), or None.
+      block: the response slots being filled; the new key/value goes to `slot`.
+      tokens: `[B]` int token ids, `B = P*G`.
       positions: `[B]` int RoPE positions of those tokens.
-      slot: int32 scalar.
+      slot: int32 scalar, the same for every row.
 
     Returns:
-      `(logits [B, V] float32, cache)` with the new keys/values written and `mask[:, slot] = 1`.
+      `(logits [B, V] float32, block)` with the new keys/values written at `slot`.
     """
     cfg = model.config
     b = tokens.shape[0]
+    p, _, g = block.k[0].shape[:3]
     h_kv, r, d = cfg.num_key_value_heads, cfg.num_query_groups, cfg.head_dim
-    mask = jax.lax.dynamic_update_slice(cache.mask, jnp.ones((b, 1), bool), (0, slot))
-    visible = mask[:, None, None, :]  # [B, 1, 1, S_max]
     dtype = jnp.dtype(cfg.dtype)
     n_q, n_kv = cfg.num_attention_heads * d, h_kv * d
+    prompt_visible = prompt.mask[:, None, None, None, :]  # [P, 1, 1, 1, S]
+    block_visible = jnp.arange(block.k[0].shape[-1]) <= slot  # [n]
     # RoPE angles once per step (every layer shares them); same float32 math as `apply_rope`
     freqs = positions[:, None].astype(jnp.float32) * rope_inv_freq(cfg)  # [B, D/2]
     emb = jnp.concatenate([freqs, freqs], axis=-1)[:, None, :]  # [B, 1, D]
@@ -124,9 +151,13 @@ def decode_step(
         rotated = jnp.concatenate([-xf[..., d // 2:], xf[..., : d // 2]], axis=-1)
         return (xf * cos + rotated * sin).astype(x.dtype)
 
+    def by_prompt(x):  # [B, H_kv, ...] -> [P, H_kv, G, ...]
+        x = x.reshape(p, g, *x.shape[1:])
+        return jnp.swapaxes(x, 1, 2)
+
     x = model.embed_tokens(tokens)  # [B, d]
     new_k, new_v = [], []
-    for layer, w, ck, cv in zip(model.layers, fused, cache.k, cache.v):
+    for i, (layer, w) in enumerate(zip(model.layers, fused)):
         attn = layer.self_attn
         qkv = jnp.dot(layer.input_layernorm(x).astype(dtype), w.qkv)
         if w.qkv_bias is not None:
@@ -137,18 +168,27 @@ def decode_step(
         if cfg.qk_norm:
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = rope(q), rope(k)
-        # [B, H_kv, D] is one slot (a column of the keys, a row of the values)
-        ck = jax.lax.dynamic_update_slice(ck, k[..., None].astype(ck.dtype), (0, 0, 0, slot))
-        cv = jax.lax.dynamic_update_slice(cv, v[:, :, None].astype(cv.dtype), (0, 0, slot, 0))
-        new_k.append(ck)
-        new_v.append(cv)
-        qg = q.reshape(b, h_kv, r, d)  # head h = g * r + i, as the decoder groups them
-        scores = jnp.einsum("bgrd,bgdk->bgrk", qg, ck.astype(q.dtype), preferred_element_type=jnp.float32)
-        scores = jnp.where(visible, scores / math.sqrt(d), _NEG_INF)
-        probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-        out = jnp.einsum("bgrk,bgkd->bgrd", probs, cv.astype(q.dtype)).reshape(b, -1)
-        x = x + attn.o_proj(out)
+        # one slot: a column of the block's keys, a row of its values
+        bk = jax.lax.dynamic_update_slice(block.k[i], by_prompt(k)[..., None].astype(block.k[i].dtype), (0, 0, 0, 0, slot))
+        bv = jax.lax.dynamic_update_slice(block.v[i], by_prompt(v)[..., None, :].astype(block.v[i].dtype), (0, 0, 0, slot, 0))
+        new_k.append(bk)
+        new_v.append(bv)
+        qg = by_prompt(q.reshape(b, h_kv, r, d))  # [P, H_kv, G, r, D]; head h = kv * r + i, as the decoder
+        dot = lambda spec, a, c: jnp.einsum(spec, a, c.astype(q.dtype), preferred_element_type=jnp.float32)
+        parts = [jnp.where(prompt_visible, dot("pkgrd,pkds->pkgrs", qg, prompt.k[i]) / math.sqrt(d), _NEG_INF)]
+        if past is not None:
+            parts.append(dot("pkgrd,pkgds->pkgrs", qg, past.k[i]) / math.sqrt(d))
+        parts.append(jnp.where(block_visible, dot("pkgrd,pkgds->pkgrs", qg, bk) / math.sqrt(d), _NEG_INF))
+        probs = jax.nn.softmax(jnp.concatenate(parts, axis=-1), axis=-1).astype(q.dtype)
+        edges = [part.shape[-1] for part in parts]
+        probs = jnp.split(probs, [sum(edges[:j]) for j in range(1, len(edges))], axis=-1)
+        mix = lambda spec, a, c: jnp.einsum(spec, a, c.astype(q.dtype))
+        out = mix("pkgrs,pksd->pkgrd", probs[0], prompt.v[i])
+        if past is not None:
+            out = out + mix("pkgrs,pkgsd->pkgrd", probs[1], past.v[i])
+        out = out + mix("pkgrs,pkgsd->pkgrd", probs[-1], bv)
+        x = x + attn.o_proj(jnp.swapaxes(out, 1, 2).reshape(b, -1))
         gate, up = jnp.split(jnp.dot(layer.post_attention_layernorm(x).astype(dtype), w.gate_up), 2, axis=-1)
         x = x + layer.mlp.down_proj(jax.nn.silu(gate) * up)
     logits = model.logits(model.norm(x))
-    return logits, DecodeCache(tuple(new_k), tuple(new_v), mask)
+    return logits, ResponseCache(tuple(new_k), tuple(new_v))

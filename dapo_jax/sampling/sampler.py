@@ -3,16 +3,17 @@
     generate = make_generate(graphdef, config, num_samples=G)   # compiled once per prompt bucket
     rollout = generate(state, prompt_ids [P,S], prompt_mask [P,S], key)
 
-1. Prefill each (left-padded) prompt once with the model's `KVCache`, then lay the cache out as a
-   `DecodeCache` of `S + T` slots repeated G times (row p -> rows p*G .. p*G+G-1), so the G
-   responses share one prefill.
-2. Draw token 0 from the prefill's last logits; then a `lax.while_loop` feeds token t-1 (RoPE
-   position `n_prompt + t - 1`, cache slot `S + t - 1`) through `decode.decode_step` and draws
-   token t, until every row has emitted an EOS or T tokens exist.
+1. Prefill each (left-padded) prompt once with the model's `KVCache` and keep it once per prompt
+   (`decode.PromptCache`): the G responses (rows p*G .. p*G+G-1) share it.
+2. Draw token 0 from the prefill's last logits; then `lax.while_loop`s feed token t-1 (RoPE
+   position `n_prompt + t - 1`, response slot `t - 1`) through `decode.decode_step` and draw token
+   t, until every row has emitted an EOS or T tokens exist. The response slots come in up to
+   `_MAX_BLOCKS` blocks, one `while_loop` each, so early steps do not attend over empty slots.
+   All uniforms are drawn before the loops.
 3. After a row's EOS it emits `pad_token_id` with mask 0 and log-probs 0.
 
-The cache travels in the loop carry, so XLA updates it in place; nothing leaves the device until the
-rollout is complete.
+The block being filled travels in the loop carry, so XLA updates it in place; nothing leaves the
+device until the rollout is complete.
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ from jax.sharding import PartitionSpec
 from dapo_jax.models.decoder import Decoder, KVCache, positions_from_mask
 from dapo_jax.parallel.mesh import BATCH_AXES
 from dapo_jax.sampling.config import SamplingConfig
-from dapo_jax.sampling.decode import DecodeCache, decode_cache_from_prefill, decode_step, fuse_layers
+from dapo_jax.sampling.decode import (
+    ResponseCache, concat_response_caches, decode_step, empty_response_cache, fuse_layers,
+    prompt_cache_from_prefill,
+)
 from dapo_jax.sampling.processors import draw_tokens
 
 
@@ -44,9 +48,14 @@ class Rollout(NamedTuple):
     truncated: jax.Array  # [P, G] bool: reached T tokens without an EOS
 
 
+# The response slots are filled in at most this many blocks, each by its own `while_loop` that
+# attends to the blocks before it and to its own filled part: about 5/8 of the slots, not all T.
+_MAX_BLOCKS = 4
+
+
 class _Carry(NamedTuple):
     t: jax.Array  # next token index to draw
-    cache: DecodeCache
+    block: ResponseCache  # the response slots being filled
     logits: jax.Array  # [B, V] f32, for token t
     done: jax.Array  # [B] bool: an EOS was emitted before token t
     tokens: jax.Array  # [B, T]
@@ -67,12 +76,17 @@ def _batch_sharding(x: jax.Array) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, spec)
 
 
-def _shard_cache(cache: DecodeCache) -> DecodeCache:
-    return DecodeCache(
-        k=tuple(_batch_sharding(x) for x in cache.k),
-        v=tuple(_batch_sharding(x) for x in cache.v),
-        mask=_batch_sharding(cache.mask),
-    )
+def _shard_cache(cache):
+    """A `PromptCache` or `ResponseCache` sharded over its prompt dimension."""
+    return jax.tree.map(_batch_sharding, cache)
+
+
+def _block_sizes(num_slots: int) -> list[int]:
+    """`num_slots` split into at most `_MAX_BLOCKS` near-equal blocks (none when 0)."""
+    if num_slots <= 0:
+        return []
+    size = -(-num_slots // min(_MAX_BLOCKS, num_slots))
+    return [min(size, num_slots - start) for start in range(0, num_slots, size)]
 
 
 def _is_eos(tokens: jax.Array, eos_token_ids: tuple[int, ...]) -> jax.Array:
@@ -97,11 +111,10 @@ def rollout_with_steps(
     hidden, cache = model(prompt_ids, positions, prompt_mask, cache=KVCache.init(model.config, p, s))
     # left padding puts every prompt's last real token in the last column
     last_logits = model.logits(hidden[:, -1])  # [P, V]
-    cache = _shard_cache(decode_cache_from_prefill(cache, max_len=s + t_max, repeats=g))
+    prompt_cache = _shard_cache(prompt_cache_from_prefill(cache))
     fused = fuse_layers(model)  # loop-invariant: concatenated once, read every step
     logits = _batch_sharding(jnp.repeat(last_logits, g, axis=0))  # [B, V]
     n_prompt = jnp.repeat(prompt_mask.sum(axis=-1), g).astype(jnp.int32)  # [B]
-
     # every step's randomness at once, so the loop body runs no PRNG (on CPU a threefry call is a
     # small loop of its own); greedy draws none
     uniforms = None if config.is_greedy else _batch_sharding(jax.random.uniform(key, (b, t_max), jnp.float32))
@@ -121,23 +134,34 @@ def rollout_with_steps(
             logp=col(carry.logp, lp), logq=col(carry.logq, lq),
         )
 
-    def cond(carry: _Carry) -> jax.Array:
-        return (carry.t < t_max) & ~jnp.all(carry.done)
+    def fill_block(carry: _Carry, past: ResponseCache | None, start: int, size: int) -> _Carry:
+        """Steps t = start+1 .. start+size: feeds token t-1 into block slot t-1-start, draws token t."""
 
-    def body(carry: _Carry) -> _Carry:
-        prev = jax.lax.dynamic_slice_in_dim(carry.tokens, carry.t - 1, 1, axis=1)[:, 0]  # [B]
-        logits, cache = decode_step(model, fused, carry.cache, prev, n_prompt + carry.t - 1, s + carry.t - 1)
-        logits = _batch_sharding(logits)
-        return draw(carry._replace(cache=cache, logits=logits))._replace(t=carry.t + 1)
+        def cond(carry: _Carry) -> jax.Array:
+            return (carry.t <= start + size) & ~jnp.all(carry.done)
+
+        def body(carry: _Carry) -> _Carry:
+            prev = jax.lax.dynamic_slice_in_dim(carry.tokens, carry.t - 1, 1, axis=1)[:, 0]  # [B]
+            logits, block = decode_step(
+                model, fused, prompt_cache, past, carry.block, prev, n_prompt + carry.t - 1, carry.t - 1 - start,
+            )
+            carry = carry._replace(block=_shard_cache(block), logits=_batch_sharding(logits))
+            return draw(carry)._replace(t=carry.t + 1)
+
+        return jax.lax.while_loop(cond, body, carry)
 
     zeros_bt = lambda dtype: _batch_sharding(jnp.zeros((b, t_max), dtype))
     carry = _Carry(
-        t=jnp.zeros((), jnp.int32), cache=cache, logits=logits, done=jnp.zeros((b,), bool),
+        t=jnp.zeros((), jnp.int32), block=None, logits=logits, done=jnp.zeros((b,), bool),
         tokens=_batch_sharding(jnp.full((b, t_max), config.pad_token_id, jnp.int32)),
         mask=zeros_bt(jnp.int32), logp=zeros_bt(jnp.float32), logq=zeros_bt(jnp.float32),
     )
     carry = draw(carry)._replace(t=jnp.ones((), jnp.int32))
-    carry = jax.lax.while_loop(cond, body, carry)
+    # tokens 0 .. T-2 are fed back (slots 0 .. T-2); the last token never is
+    past, start = None, 0
+    for size in _block_sizes(t_max - 1):
+        carry = fill_block(carry._replace(block=_shard_cache(empty_response_cache(prompt_cache, g, size))), past, start, size)
+        past, start = concat_response_caches(past, carry.block), start + size
 
     shape = lambda x: x.reshape(p, g, *x.shape[1:])
     lengths = carry.mask.sum(axis=-1).astype(jnp.int32)

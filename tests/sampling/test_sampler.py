@@ -211,3 +211,12 @@ def test_bad_prompt_shapes_are_named():
                  num_samples=1, config=config)
     with pytest.raises(ValueError, match="num_samples"):
         make_generate(nnx.split(model)[0], config, 0)
+
+
+def test_response_blocks_cover_every_fed_slot_once():
+    from dapo_jax.sampling.sampler import _MAX_BLOCKS, _block_sizes
+
+    assert _block_sizes(0) == []
+    for n in (1, 2, 3, 7, 31, 127, 1000):
+        sizes = _block_sizes(n)
+        assert sum(sizes) == n and 1 <= len(sizes) <= _MAX_BLOCKS and min(sizes) >= 1
