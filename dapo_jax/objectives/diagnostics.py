@@ -62,6 +62,12 @@ def combine_metrics(metrics: Sequence[dict]) -> dict:
     return out
 
 
+def combine_stacked(metrics: dict) -> dict:
+    """`combine_metrics` for pairs stacked along leading axes (the output of a `lax.scan` over micro-batches)."""
+    reduce = {"sum": jnp.sum, "min": jnp.min, "max": jnp.max}
+    return {name: (reduce[_kind(name)](value), jnp.sum(count)) for name, (value, count) in metrics.items()}
+
+
 def finalize_metrics(metrics: dict) -> dict:
     """`{name: (value, count)}` -> `{name: float32 scalar}` (jit-able; `float()` them on the host):
     sum / count, or the min / max, and 0.0 where the count is 0. Adds `advantage_std` from the moments."""

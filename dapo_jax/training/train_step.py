@@ -25,6 +25,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from dapo_jax.objectives.diagnostics import combine_stacked, finalize_metrics
+
 
 class TrainState(NamedTuple):
     params: Any  # nnx.State of the trainable nnx.Param leaves
@@ -83,28 +85,6 @@ def policy_logprobs(graphdef, params, prompt_ids, prompt_mask, response_ids, res
 def make_logprob_fn(graphdef, *, temperature: float) -> Callable:
     """Jitted `(params, prompt_ids, prompt_mask, response_ids, response_mask) -> (logp, entropy)`."""
     return jax.jit(lambda params, *a: policy_logprobs(graphdef, params, *a, temperature=temperature))
-
-
-def _kind(name: str) -> str:
-    return "min" if name.endswith("_min") else "max" if name.endswith("_max") else "sum"
-
-
-def _combine_pairs(stacked: dict) -> dict:
-    """`{name: (value [n], count [n])}` stacked by a scan -> one `(value, count)` per name.
-
-    The objective's metric convention: `*_min` / `*_max` values combine by min / max, the rest are sums.
-    """
-    reduce = {"sum": jnp.sum, "min": jnp.min, "max": jnp.max}
-    return {k: (reduce[_kind(k)](v), jnp.sum(c)) for k, (v, c) in stacked.items()}
-
-
-def _finalize_pairs(pairs: dict) -> dict:
-    """`(value, count)` -> value/count (sums) or value (min/max); 0 where nothing was counted."""
-    out = {}
-    for k, (v, c) in pairs.items():
-        value = v / jnp.maximum(c, 1e-12) if _kind(k) == "sum" else v
-        out[k] = jnp.where(c > 0, value, 0.0)
-    return out
 
 
 def _split(x: jax.Array, num_minibatches: int, micro_batches: int) -> jax.Array:
@@ -182,7 +162,7 @@ def make_train_step(
         opt_state = jax.tree.map(keep, new_opt, opt_state)
         out = {
             "loss": loss,
-            **{f"objective/{k}": v for k, v in _combine_pairs(metrics).items()},
+            **{f"objective/{k}": v for k, v in combine_stacked(metrics).items()},
             "grad_norm": grad_norm,
             "learning_rate": schedule(step),
             "update_applied": apply.astype(jnp.float32),
@@ -197,7 +177,7 @@ def make_train_step(
         (params, opt_state, step, skipped), per_mini = jax.lax.scan(minibatch_update, carry, minis)
         pairs = {k[len("objective/"):]: v for k, v in per_mini.items() if k.startswith("objective/")}
         metrics = {k: jnp.mean(v) for k, v in per_mini.items() if not k.startswith("objective/")}
-        metrics.update(_finalize_pairs(_combine_pairs(pairs)))
+        metrics.update(finalize_metrics(combine_stacked(pairs)))
         metrics["update_tokens"] = jnp.sum(per_mini["update_tokens"])
         metrics["grad_norm_max"] = jnp.max(per_mini["grad_norm"])
         metrics["skipped_total"] = skipped

@@ -42,3 +42,20 @@ def test_zero_advantage_groups():
     m = jnp.ones((3, 2, 2)).at[2, 1, 1].set(0.0)  # group 2's only non-zero is on padding
     z, n = diag.zero_advantage_groups(a, m)
     assert (float(z), float(n)) == (2.0, 3.0)
+
+
+def test_combine_stacked_equals_combining_the_list():
+    rng = np.random.default_rng(3)
+    parts = [
+        {"clip_frac_low": (jnp.float32(rng.random()), jnp.float32(5.0)),
+         "ratio_min": (jnp.float32(rng.random()), jnp.float32(5.0)),
+         "ratio_max": (jnp.float32(rng.random() + 1), jnp.float32(4.0))}
+        for _ in range(3)
+    ]
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *parts)
+    got, want = diag.combine_stacked(stacked), diag.combine_metrics(parts)
+    for name in want:
+        np.testing.assert_allclose(np.asarray(got[name][0]), np.asarray(want[name][0]), rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(got[name][1]), np.asarray(want[name][1]))
+    assert float(got["ratio_min"][0]) == min(float(p["ratio_min"][0]) for p in parts)
+    assert float(got["ratio_max"][0]) == max(float(p["ratio_max"][0]) for p in parts)
