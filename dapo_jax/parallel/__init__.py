@@ -1,4 +1,6 @@
-"""Device meshes and multi-host start-up; the parameter sharding rules live beside the model."""
+"""Device meshes, multi-host start-up and host<->mesh transfers; the parameter sharding rules live beside the model."""
+
+from dapo_jax.parallel.host import to_global, to_host
 
 from dapo_jax.parallel.mesh import (
     AXES,
@@ -20,4 +22,6 @@ __all__ = [
     "make_mesh",
     "maybe_initialize_distributed",
     "resolve_mesh_shape",
+    "to_global",
+    "to_host",
 ]
