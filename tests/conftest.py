@@ -10,6 +10,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import pytest
+from hypothesis import settings
+
+# CI runs the same hypothesis examples every time (a red CI must be reproducible); locally they vary.
+settings.register_profile("ci", derandomize=True, deadline=None)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 SHARED = Path(os.environ.get("DAPO_JAX_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
 

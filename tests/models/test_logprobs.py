@@ -81,7 +81,8 @@ def test_values_property(b, t, v, chunk, vocab_chunk, temperature, seed):
     ref_logp, ref_ent = np_logprobs(h, w, y, temperature)
     np.testing.assert_allclose(logp, ref_logp, atol=3e-5, rtol=1e-5)
     np.testing.assert_allclose(ent, ref_ent, atol=3e-5, rtol=1e-5)
-    assert np.all(np.asarray(logp) <= 1e-6) and np.all(np.asarray(ent) >= -1e-5)
+    # log-probs are <= 0 and entropies >= 0 up to the fp32 rounding the value checks allow
+    assert np.all(np.asarray(logp) <= 3e-5) and np.all(np.asarray(ent) >= -3e-5)
     assert np.all(np.asarray(ent) <= np.log(v) + 1e-4)
 
 
