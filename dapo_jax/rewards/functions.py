@@ -16,6 +16,7 @@ name            check
 ``gsm8k``       ``#### N`` (else the last number), numeric equality
 ``integer``     AIME: the final answer (box or ``Answer:``) as an integer, e.g. ``025`` == ``25``
 ``math_verify`` final answer, then math-verify symbolic equality, bounded in time
+``synthetic``   the embedded task: the whole response is the answer's integer
 ``format``      not a correctness reward: ``bonus`` when the response has the required layout
 =============== =============================================================================
 
@@ -34,6 +35,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
+from dapo_jax.data import synthetic
 from dapo_jax.rewards import check
 
 __all__ = [
@@ -164,6 +166,8 @@ _RULES: dict[str, tuple[Callable[..., bool], Callable[..., str | None]]] = {
     "gsm8k": (check.gsm8k_correct, check.gsm8k_key),
     "integer": (check.integer_correct, check.integer_key),
     "math_verify": (check.math_verify_correct, check.math_verify_key),
+    # the embedded default task: the whole response is the answer's integer
+    "synthetic": (synthetic.is_correct, synthetic.extract_answer),
 }
 REWARDS: tuple[str, ...] = (*_RULES, "format")
 

@@ -175,9 +175,8 @@ class RunConfig(_Section):
              f"train_batch={r.train_batch}"),
             ("reward.functions", len(self.reward.functions) > 0, "at least one reward function is needed"),
         ]
-        from dapo_jax.training.sources import reward_names
+        from dapo_jax.rewards import REWARDS as known
 
-        known = reward_names()
         checks += [(f"reward.functions.{i}.name", f.name in known, f"unknown reward {f.name!r}; known: {known}")
                    for i, f in enumerate(self.reward.functions)]
         for key, ok, msg in checks:

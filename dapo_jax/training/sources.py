@@ -63,26 +63,6 @@ def decode_responses(tokenizer, response_ids: np.ndarray, response_mask: np.ndar
     return tokenizer.batch_decode(seqs, skip_special_tokens=True)
 
 
-def _synthetic_reward(*, right: float, wrong: float, **options):
-    """The synthetic task's check: the whole response is the integer (`dapo_jax.data.synthetic.is_correct`)."""
-    from dapo_jax.data.synthetic import extract_answer, is_correct
-    from dapo_jax.rewards import RuleReward
-
-    if options:
-        raise TypeError(f"reward 'synthetic' takes no options, got {sorted(options)}")
-    return RuleReward(name="synthetic", check=is_correct, answer_key=extract_answer, right=right, wrong=wrong)
-
-
-# Trainer-side rewards beside `dapo_jax.rewards.REWARDS` (their checks live with their data).
-EXTRA_REWARDS = {"synthetic": _synthetic_reward}
-
-
-def reward_names() -> tuple[str, ...]:
-    from dapo_jax.rewards import REWARDS
-
-    return (*REWARDS, *EXTRA_REWARDS)
-
-
 Scorer = Callable[[list[str], list[str]], tuple[np.ndarray, np.ndarray, list]]
 
 
@@ -93,33 +73,25 @@ def make_scorer(reward_cfg, objective) -> Scorer:
     with right/wrong values from `reward.right/wrong` (default: the objective's reward_correct /
     reward_wrong); `correct` and the answer keys (for maj@k) are the FIRST function's.
     """
-    from dapo_jax.rewards import make_reward, score_batch
+    from dapo_jax.rewards import combine, make_reward, score_batch
 
     right = reward_cfg.right if reward_cfg.right is not None else objective.reward_correct
     wrong = reward_cfg.wrong if reward_cfg.wrong is not None else objective.reward_wrong
-    fns = []
+    pairs = []
     for i, f in enumerate(reward_cfg.functions):
         try:
-            if f.name in EXTRA_REWARDS:
-                fn = EXTRA_REWARDS[f.name](right=right, wrong=wrong, **f.options)
-            else:
-                fn = make_reward(f.name, right=right, wrong=wrong, **f.options)
-            fns.append((f.weight, fn))
+            pairs.append((make_reward(f.name, right=right, wrong=wrong, **f.options), f.weight))
         except (KeyError, TypeError, ValueError) as e:
             raise DataError(f"reward.functions.{i} ({f.name!r}): {e}") from e
+    reward = combine(pairs)  # correctness (and answer keys) from the first function
+    key_fn = getattr(pairs[0][0], "answer_key", None)
 
     def score(responses: list[str], truths: list[str]):
-        total = np.zeros(len(responses), np.float32)
-        correct = None
-        for weight, fn in fns:
-            try:
-                out = score_batch(fn, responses, truths, on_error=reward_cfg.on_error)
-            except RuntimeError as e:
-                raise DataError(f"reward {getattr(fn, 'name', fn)!r}: {e}") from e
-            total += weight * out.rewards
-            correct = out.correct if correct is None else correct
-        key_fn = getattr(fns[0][1], "answer_key", None)
+        try:
+            out = score_batch(reward, responses, truths, on_error=reward_cfg.on_error)
+        except RuntimeError as e:
+            raise DataError(f"reward {[f.name for f in reward_cfg.functions]}: {e}") from e
         keys = [key_fn(r) if key_fn is not None else r.strip() for r in responses]
-        return total, correct, keys
+        return out.rewards, out.correct, keys
 
     return score

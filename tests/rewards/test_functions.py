@@ -31,7 +31,14 @@ def test_registry_errors_name_the_bad_key():
         F.make_reward("nope")
     with pytest.raises(TypeError, match="flexibel"):
         F.make_reward("gsm8k", flexibel=False)
-    assert set(F.REWARDS) == {"dapo_answer", "boxed", "gsm8k", "integer", "math_verify", "format"}
+    assert set(F.REWARDS) == {"dapo_answer", "boxed", "gsm8k", "integer", "math_verify", "synthetic", "format"}
+
+
+def test_synthetic_reward_is_the_whole_response_as_an_integer():
+    r = F.make_reward("synthetic", right=1.0, wrong=-1.0)
+    assert [r(x, "15") for x in ("15", " 15\n", "015", "14", "15 ", "Answer: 15", "1 5", "")] == [
+        1.0, 1.0, 1.0, -1.0, 1.0, -1.0, -1.0, -1.0]
+    assert r.answer_key("15") == "15" and r.answer_key("x15") is None
 
 
 def test_options_reach_the_check():
