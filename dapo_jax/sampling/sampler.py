@@ -11,6 +11,9 @@
    `_MAX_BLOCKS` blocks, one `while_loop` each, so early steps do not attend over empty slots.
    All uniforms are drawn before the loops.
 3. After a row's EOS it emits `pad_token_id` with mask 0 and log-probs 0.
+4. Each step also records the entropy of the distribution it draws from, at the sampling
+   temperature and before top-k/top-p (the train step's `entropy` metric), so the entropy of every
+   generated response is known, not only of the groups an update keeps.
 
 The block being filled travels in the loop carry, so XLA updates it in place; nothing leaves the
 device until the rollout is complete.
@@ -44,6 +47,7 @@ class Rollout(NamedTuple):
     response_mask: jax.Array  # [P, G, T] int32; 1 on real tokens including the EOS
     logprobs: jax.Array  # [P, G, T] f32: log_softmax(logits / temperature)[token]; 0 on padding
     sampled_logprobs: jax.Array  # [P, G, T] f32: under the truncated distribution sampled from
+    entropy: jax.Array  # [P, G, T] f32: H(softmax(logits / temperature)) before top-k/top-p; 0 on padding
     lengths: jax.Array  # [P, G] int32 = response_mask.sum(-1)
     truncated: jax.Array  # [P, G] bool: reached T tokens without an EOS
 
@@ -62,6 +66,7 @@ class _Carry(NamedTuple):
     mask: jax.Array  # [B, T]
     logp: jax.Array  # [B, T]
     logq: jax.Array  # [B, T]
+    entropy: jax.Array  # [B, T]
 
 
 def _batch_sharding(x: jax.Array) -> jax.Array:
@@ -95,6 +100,19 @@ def _is_eos(tokens: jax.Array, eos_token_ids: tuple[int, ...]) -> jax.Array:
     return jnp.any(tokens[..., None] == jnp.asarray(eos_token_ids, tokens.dtype), axis=-1)
 
 
+def tempered_entropy(logits: jax.Array, temperature: float) -> jax.Array:
+    """`H = logsumexp(z) - Σ softmax(z)·z`, `z = logits / temperature`, `[B, V] -> [B]` float32.
+
+    Written as `draw_tokens` writes its weights (`exp(z - max z)`), so XLA computes the exponentials
+    once for both."""
+    z = logits.astype(jnp.float32) / temperature
+    shifted = z - jnp.max(z, axis=-1, keepdims=True)
+    weights = jnp.exp(shifted)
+    total = jnp.sum(weights, axis=-1)
+    # weights == 0 where shifted == -inf (a masked logit): its term is 0, never 0 * inf
+    return jnp.log(total) - jnp.sum(jnp.where(weights > 0, weights * shifted, 0.0), axis=-1) / total
+
+
 def rollout_with_steps(
     model: Decoder, prompt_ids: jax.Array, prompt_mask: jax.Array, key: jax.Array,
     *, config: SamplingConfig, num_samples: int,
@@ -124,14 +142,15 @@ def rollout_with_steps(
         t = carry.t
         u = None if uniforms is None else jax.lax.dynamic_slice_in_dim(uniforms, t, 1, axis=1)[:, 0]
         tok, lp, lq = draw_tokens(u, carry.logits, config=config)
+        ent = tempered_entropy(carry.logits, config.logprob_temperature)
         live = ~carry.done
         tok = jnp.where(live, tok, config.pad_token_id)
-        lp, lq = jnp.where(live, lp, 0.0), jnp.where(live, lq, 0.0)
+        lp, lq, ent = (jnp.where(live, x, 0.0) for x in (lp, lq, ent))
         col = lambda buf, v: jax.lax.dynamic_update_slice(buf, v[:, None].astype(buf.dtype), (0, t))
         return carry._replace(
             done=carry.done | (live & _is_eos(tok, config.eos_token_ids)),
             tokens=col(carry.tokens, tok), mask=col(carry.mask, live.astype(jnp.int32)),
-            logp=col(carry.logp, lp), logq=col(carry.logq, lq),
+            logp=col(carry.logp, lp), logq=col(carry.logq, lq), entropy=col(carry.entropy, ent),
         )
 
     def fill_block(carry: _Carry, past: ResponseCache | None, start: int, size: int) -> _Carry:
@@ -155,6 +174,7 @@ def rollout_with_steps(
         t=jnp.zeros((), jnp.int32), block=None, logits=logits, done=jnp.zeros((b,), bool),
         tokens=_batch_sharding(jnp.full((b, t_max), config.pad_token_id, jnp.int32)),
         mask=zeros_bt(jnp.int32), logp=zeros_bt(jnp.float32), logq=zeros_bt(jnp.float32),
+        entropy=zeros_bt(jnp.float32),
     )
     carry = draw(carry)._replace(t=jnp.ones((), jnp.int32))
     # tokens 0 .. T-2 are fed back (slots 0 .. T-2); the last token never is
@@ -168,7 +188,7 @@ def rollout_with_steps(
     rollout = Rollout(
         prompt_ids=prompt_ids, prompt_mask=prompt_mask,
         response_ids=shape(carry.tokens), response_mask=shape(carry.mask),
-        logprobs=shape(carry.logp), sampled_logprobs=shape(carry.logq),
+        logprobs=shape(carry.logp), sampled_logprobs=shape(carry.logq), entropy=shape(carry.entropy),
         lengths=shape(lengths), truncated=shape(~carry.done),
     )
     return rollout, carry.t - 1

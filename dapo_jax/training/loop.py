@@ -207,7 +207,7 @@ def train(cfg: RunConfig) -> dict:
                                          out.response_mask)
             return Groups(ids, pmask, out.response_ids, np.asarray(mask, np.float32), out.logprobs,
                           np.asarray(shaped, np.float32), correct.reshape(p, g), out.lengths,
-                          out.truncated, np.ones(p, bool), np.zeros(p, np.int32))
+                          out.truncated, np.ones(p, bool), np.zeros(p, np.int32), entropy=out.entropy)
 
         def keep(groups: Groups) -> np.ndarray:
             k, _ = dynamic_sampling_keep(objective, correct=groups.correct, rewards=groups.rewards)

@@ -37,6 +37,13 @@ class Groups:
     truncated: np.ndarray  # [N, G] bool
     valid: np.ndarray  # [N] bool: False on padding groups (starvation)
     age: np.ndarray  # [N] int32: steps since sampled (carried groups are 1+)
+    # [N, G, T] float32: the sampler's per-token entropy, 0 after the response's end (before overlong
+    # filtering); None (e.g. a carry saved before this field existed) = zeros
+    entropy: np.ndarray | None = None
+
+    def __post_init__(self):
+        if self.entropy is None:
+            self.entropy = np.zeros(self.old_logp.shape, np.float32)
 
     def __len__(self) -> int:
         return int(self.prompt_ids.shape[0])
@@ -62,7 +69,7 @@ class Groups:
 
     @staticmethod
     def from_state_dict(d: dict) -> "Groups":
-        return Groups(**{f.name: np.asarray(d[f.name]) for f in dataclasses.fields(Groups)})
+        return Groups(**{f.name: np.asarray(d[f.name]) for f in dataclasses.fields(Groups) if f.name in d})
 
 
 def collect_groups(
@@ -87,9 +94,9 @@ def collect_groups(
         step's surplus for the next one (else it is discarded, as verl does).
 
     Stats (fractions are over every group generated this step): `kept_fraction`,
-    `all_correct_fraction`, `all_wrong_fraction`, `gen_rounds`, `carried_in`, `surplus`, and the
-    generated responses' `reward_mean/std`, `accuracy`, `response_length_mean/max`,
-    `truncated_fraction`.
+    `all_correct_fraction`, `all_wrong_fraction`, `zero_adv_fraction`, `gen_rounds`, `carried_in`,
+    `surplus`, and the generated responses' `reward_mean/std`, `accuracy`,
+    `response_length_mean/std/max`, `truncated_fraction`, `entropy_generated` (see `_round_stats`).
     """
     kept: list[Groups] = []
     generated: list[Groups] = []
@@ -133,23 +140,36 @@ def collect_groups(
 
 
 def _round_stats(g: Groups | None, n_kept_fresh: int, rounds: int) -> dict:
+    """Stats of every group generated this step, kept or not (so runs with and without dynamic
+    sampling compare on the same footing).
+
+    `zero_adv_fraction`: groups whose shaped rewards are all equal, i.e. whose GRPO-style advantages
+    are exactly 0 (without dynamic sampling, the part of the batch that gives no gradient; with the
+    soft overlong penalty it can be below `all_correct_fraction + all_wrong_fraction`).
+    `entropy_generated`: token mean of the sampler's entropy over all generated response tokens
+    (those of overlong-filtered responses included).
+    """
     if g is None:
         return {"gen_rounds": 0.0, "kept_fraction": 1.0}
     n = len(g)
     allc = g.correct.all(axis=1)
     allw = ~g.correct.any(axis=1)
     lengths = g.lengths.astype(np.float64)
+    spread = g.rewards.max(axis=1) - g.rewards.min(axis=1)
     return {
         "gen_rounds": float(rounds),
         "generated_groups": float(n),
         "kept_fraction": n_kept_fresh / n,
         "all_correct_fraction": float(allc.mean()),
         "all_wrong_fraction": float(allw.mean()),
+        "zero_adv_fraction": float((spread == 0).mean()),
         "reward_mean": float(g.rewards.mean()),
         "reward_std": float(g.rewards.std()),
         "accuracy": float(g.correct.mean()),
         "response_length_mean": float(lengths.mean()),
+        "response_length_std": float(lengths.std()),
         "response_length_max": float(lengths.max()),
         "truncated_fraction": float(g.truncated.mean()),
         "rollout_tokens": float(lengths.sum()),
+        "entropy_generated": float(g.entropy.sum(dtype=np.float64) / max(lengths.sum(), 1.0)),
     }

@@ -1,5 +1,5 @@
-"""The KV-cache rollout: EOS handling and early exit, log-probs equal to the training forward,
-determinism, and one compilation per prompt bucket."""
+"""The KV-cache rollout: EOS handling and early exit, log-probs and entropies equal to the training
+forward, determinism, and one compilation per prompt bucket."""
 
 import jax
 import jax.numpy as jnp
@@ -47,6 +47,8 @@ def test_eos_masking_lengths_truncation_and_several_eos_ids():
     # 15 -> 16..20 (EOS 20 at index 4); 22 -> 23, 24, 25 (EOS 25); 26 -> 27..31, 0, 1, 2 (no EOS in 8)
     rollout, steps = chain_rollout([[1, 2, 15], [3, 22], [5, 6, 7, 26]])
     assert isinstance(rollout, Rollout)
+    # a margin of 50 nats: the sampling distribution is a point mass, entropy ~0 (and 0 on padding)
+    np.testing.assert_allclose(rollout.entropy, 0.0, atol=1e-6)
     expect_ids = np.array([
         [16, 17, 18, 19, 20, 0, 0, 0],
         [23, 24, 25, 0, 0, 0, 0, 0],
@@ -78,6 +80,16 @@ def test_loop_exits_early_once_every_row_has_finished():
     assert int(steps) == 0
     np.testing.assert_array_equal(rollout.lengths, [[1, 1], [1, 1]])
     np.testing.assert_array_equal(rollout.response_ids[:, :, 0], [[20, 20], [25, 25]])
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_entropy_of_a_uniform_policy_is_log_vocab(greedy):
+    # margin 0: every logit is 0, so the sampling distribution is uniform over V = 32 at any temperature
+    ids, mask = pad_to_bucket([[1, 2, 15], [3]], (4,), pad_id=0)
+    config = SamplingConfig(max_new_tokens=5, temperature=0.0 if greedy else 0.5, pad_token_id=0)
+    graphdef, state = nnx.split(chain_decoder(margin=0.0))
+    rollout = make_generate(graphdef, config, 3)(state, jnp.asarray(ids), jnp.asarray(mask), jax.random.key(0))
+    np.testing.assert_allclose(rollout.entropy, np.log(32), rtol=1e-5)
 
 
 # --------------------------------------------------------------------------- a real (tiny) decoder
@@ -140,12 +152,20 @@ def test_logprobs_equal_the_training_forward(temperature, top_k, top_p):
     if top_k == 0 and top_p == 1.0:
         np.testing.assert_array_equal(rollout.logprobs, rollout.sampled_logprobs)
 
-    # the trainer's own log-prob function agrees too
+    # entropy: of the tempered FULL distribution (before top-k/top-p), 0 on padding
+    want_h = -np.sum(np.exp(ref) * ref, axis=-1)
+    got_h = np.asarray(rollout.entropy)
+    assert got_h.shape == got.shape and got_h.dtype == np.float32
+    assert np.abs(np.where(m, got_h - want_h, 0)).max() <= 1e-4
+    assert (got_h[~m] == 0).all() and (got_h[m] > 0).all()
+
+    # the trainer's own log-prob function agrees too (its entropy is the train step's `entropy` metric)
     from dapo_jax.models.logprobs import response_logprobs
 
-    trainer_logp, _ = response_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids,
-                                        rollout.response_mask, temperature=temperature)
+    trainer_logp, trainer_h = response_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids,
+                                                rollout.response_mask, temperature=temperature)
     assert np.abs(np.asarray(trainer_logp) - got).max() <= 1e-5
+    assert np.abs(np.where(m, np.asarray(trainer_h) - got_h, 0)).max() <= 1e-4
 
     # EOS bookkeeping on real samples: a response ends at its first EOS, or is truncated at T
     for row_t, row_m, length, trunc in zip(tok.reshape(-1, 10), m.reshape(-1, 10),

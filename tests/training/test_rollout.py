@@ -109,3 +109,30 @@ def test_reward_spread_metric():
     k, _ = dynamic_sampling_keep(by_reward, correct=g.correct, rewards=g.rewards)
     np.testing.assert_array_equal(np.asarray(k), [True, False])
     np.testing.assert_array_equal(keep(g), [False, False])
+
+
+def test_round_stats_cover_every_generated_group_kept_or_not():
+    """entropy_generated, zero_adv_fraction and the length spread are over all generated groups,
+    computed here independently from the arrays."""
+    rng = np.random.default_rng(0)
+    correct = np.array([[1, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0], [0, 1, 1, 0]], bool)
+    g = make_groups(correct)
+    g.lengths[:] = rng.integers(1, T + 1, size=g.lengths.shape)
+    live = np.arange(T) < g.lengths[..., None]
+    g.entropy = np.where(live, rng.uniform(0.1, 2.0, size=live.shape), 0.0).astype(np.float32)
+    g.rewards[2, 0] = -1.5  # an all-wrong group with reward spread (a soft overlong penalty): not zero-advantage
+    batch, stats, _ = collect_groups(lambda i: g, keep, train_batch=2, max_gen_batches=1)
+    assert list(batch.prompt_ids[:, 0]) == [0, 3]  # only the mixed groups are trained on ...
+    assert stats["entropy_generated"] == pytest.approx(g.entropy[live].mean(), rel=1e-6)  # ... all are measured
+    assert stats["zero_adv_fraction"] == pytest.approx(1 / 4)  # group 1 only
+    assert stats["all_correct_fraction"] + stats["all_wrong_fraction"] == pytest.approx(2 / 4)
+    assert stats["response_length_std"] == pytest.approx(np.std(g.lengths))
+    np.testing.assert_array_equal(batch.entropy, g.entropy[[0, 3]])
+
+
+def test_groups_without_entropy_default_to_zeros_and_old_carries_restore():
+    g = make_groups(np.eye(2, G, dtype=bool))
+    assert g.entropy.shape == g.old_logp.shape and not g.entropy.any()
+    old = {k: v for k, v in g.state_dict().items() if k != "entropy"}  # a carry saved before the field
+    restored = Groups.from_state_dict(old)
+    assert restored.entropy.shape == (2, G, T) and len(restored.padding(3)) == 3
