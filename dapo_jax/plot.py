@@ -4,13 +4,19 @@
 
 One figure per quantity the paper tracks: reward, training and held-out accuracy, entropy,
 response length (mean and max), clip fractions (low / high), and the dynamic-sampling kept fraction.
+
+Several runs of one setting (seeds) are drawn as their mean with a ±1 sd band:
+
+    plot_panels("out.png", [Panel("Entropy", "step", "nats", {"DAPO": [(x0, y0), (x1, y1)], ...})])
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -64,3 +70,66 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
         plt.close(fig)
         written.append(path)
     return written
+
+
+Curve = tuple  # (x [n], y [n]) of one run, x increasing
+
+
+@dataclasses.dataclass
+class Panel:
+    """One axes of a comparison figure: for each label, the curves of its runs (seeds)."""
+
+    title: str
+    xlabel: str
+    ylabel: str
+    series: dict[str, list[Curve]]
+
+
+def mean_band(curves: list[Curve], num: int = 60) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`(x, mean, sd)` over runs. Runs sharing their x are averaged point by point; otherwise each is
+    interpolated onto `num` points spanning the x range they all cover. sd is 0 for a single run."""
+    curves = [(np.asarray(x, float), np.asarray(y, float)) for x, y in curves if len(x)]
+    if not curves:
+        return np.zeros(0), np.zeros(0), np.zeros(0)
+    x0 = curves[0][0]
+    if all(len(x) == len(x0) and np.array_equal(x, x0) for x, _ in curves):
+        x, ys = x0, np.stack([y for _, y in curves])
+    else:
+        lo, hi = max(x[0] for x, _ in curves), min(x[-1] for x, _ in curves)
+        x = np.linspace(lo, hi, num) if hi > lo else np.array([lo])
+        ys = np.stack([np.interp(x, cx, cy) for cx, cy in curves])
+    sd = ys.std(axis=0, ddof=1) if len(ys) > 1 else np.zeros(len(x))
+    return x, ys.mean(axis=0), sd
+
+
+def plot_panels(path: str | Path, panels: list[Panel], *, suptitle: str | None = None,
+                styles: dict[str, dict] | None = None) -> Path | None:
+    """Side-by-side panels of mean curves with ±1 sd bands; None (nothing written) when no panel has data.
+
+    `styles`: label -> `ax.plot` keywords (color, linestyle), so a series looks the same in every figure."""
+    panels = [p for p in panels if any(c for c in p.series.values())]
+    if not panels:
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.4), dpi=110, squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        for label, curves in panel.series.items():
+            x, mean, sd = mean_band(curves)
+            if not len(x):
+                continue
+            style = {"marker": "o" if len(x) < 30 else None, "markersize": 3, **(styles or {}).get(label, {})}
+            (line,) = ax.plot(x, mean, label=f"{label} (n={len(curves)})" if len(curves) > 1 else label, **style)
+            if len(curves) > 1:
+                ax.fill_between(x, mean - sd, mean + sd, color=line.get_color(), alpha=0.2, linewidth=0)
+        ax.set_title(panel.title)
+        ax.set_xlabel(panel.xlabel)
+        ax.set_ylabel(panel.ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    if suptitle:
+        fig.suptitle(suptitle, fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

@@ -29,3 +29,32 @@ def test_plot_skips_figures_without_data_and_rejects_non_runs(tmp_path):
     assert [p.stem for p in plot_run(tmp_path, tmp_path / "out")] == ["reward"]
     with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
         plot_run(tmp_path / "nope")
+
+
+def test_mean_band_averages_shared_x_and_interpolates_different_x():
+    import numpy as np
+
+    from dapo_jax.plot import mean_band
+
+    x, mean, sd = mean_band([([0, 1, 2], [1.0, 2.0, 3.0]), ([0, 1, 2], [3.0, 2.0, 5.0])])
+    np.testing.assert_array_equal(x, [0, 1, 2])
+    np.testing.assert_allclose(mean, [2.0, 2.0, 4.0])
+    np.testing.assert_allclose(sd, [np.sqrt(2), 0.0, np.sqrt(2)])  # sample sd (ddof 1)
+    # different x: onto the common range [0, 10], linear interpolation of each run
+    x, mean, sd = mean_band([([0, 10, 20], [0.0, 1.0, 2.0]), ([0, 5, 10], [0.0, 2.0, 4.0])], num=3)
+    np.testing.assert_allclose(x, [0, 5, 10])
+    np.testing.assert_allclose(mean, [0.0, (0.5 + 2.0) / 2, (1.0 + 4.0) / 2])
+    _, _, sd1 = mean_band([([0, 1], [1.0, 2.0])])
+    np.testing.assert_array_equal(sd1, [0.0, 0.0])
+
+
+def test_plot_panels_draws_bands_and_skips_empty_figures(tmp_path):
+    from dapo_jax.plot import Panel, plot_panels
+
+    runs = [([0, 1, 2, 3], [0.1, 0.3, 0.4, 0.6]), ([0, 1, 2, 3], [0.2, 0.2, 0.5, 0.7])]
+    path = plot_panels(tmp_path / "f.png", [Panel("acc", "step", "accuracy", {"a": runs, "b": runs[:1]}),
+                                           Panel("empty", "step", "y", {"a": []})])
+    img = mpimg.imread(path)
+    assert img.shape[1] > img.shape[0] and img[..., :3].std() > 0
+    assert plot_panels(tmp_path / "g.png", [Panel("empty", "s", "y", {"a": []})]) is None
+    assert not (tmp_path / "g.png").exists()

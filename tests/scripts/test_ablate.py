@@ -1,0 +1,212 @@
+"""scripts/ablate.py: the ladder's rows are the intended objectives and otherwise identical runs,
+the tables are mean ± sd over seeds of what metrics.jsonl holds, and the script runs end to end."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dapo_jax.training.config import load_config
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "configs" / "tiny_dapo.yaml"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("ablate", REPO / "scripts" / "ablate.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["ablate"] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+ablate = _load_script()
+
+
+# ----------------------------------------------------------------------------- rows
+def resolved(config: Path, tmp_path: Path, seeds: int = 1):
+    """row key -> the RunConfig each row's first seed trains with; plus the dropped pairs."""
+    cfg = load_config(config)
+    plan = ablate.make_plan(config, cfg, steps=7, eval_every=2, seeds=seeds, runs_dir=tmp_path)
+    rows, dropped = ablate.define_rows(cfg.objective_config)
+    return cfg, plan, {r.key: load_config(config, ablate.run_overrides(plan, r, plan.seeds[0])) for r in rows}, dropped
+
+
+def changed(a, b) -> set[str]:
+    da, db = a.objective_config.model_dump(), b.objective_config.model_dump()
+    return {k for k in da if k != "name" and da[k] != db[k]}
+
+
+def test_rows_are_the_intended_objectives(tmp_path):
+    base, _, runs, dropped = resolved(TINY, tmp_path)
+    assert list(runs) == ["grpo", "clip", "overlong", "token", "dapo", "dapo-clip", "dapo-overlong", "dapo-token"]
+    assert [(d.key, same.key) for d, same in dropped] == [("dapo-dynsamp", "token")]
+    naive = runs["grpo"].objective_config
+    assert (naive.eps_low, naive.eps_high) == (0.2, 0.2)
+    assert naive.loss_agg == "seq_mean_token_mean"
+    assert not naive.dynamic_sampling and not naive.overlong_filtering and naive.overlong_buffer is None
+    assert naive.kl_beta == 0.0 and not naive.needs_reference
+    # full DAPO is CONFIG's own objective (tiny_dapo: clip-higher, token-mean, dynamic sampling, band 2)
+    assert runs["dapo"].objective_config == base.objective_config
+    # the ladder adds one technique per row ...
+    assert changed(runs["grpo"], runs["clip"]) == {"eps_high"} and runs["clip"].objective_config.eps_high == 0.28
+    assert changed(runs["clip"], runs["overlong"]) == {"overlong_buffer"}
+    assert runs["overlong"].objective_config.overlong_buffer == 2
+    assert changed(runs["overlong"], runs["token"]) == {"loss_agg"}
+    assert changed(runs["token"], runs["dapo"]) == {"dynamic_sampling"}
+    # ... and DAPO minus one differs from DAPO in that technique alone
+    assert changed(runs["dapo"], runs["dapo-clip"]) == {"eps_high"}
+    assert runs["dapo-clip"].objective_config.eps_high == 0.2
+    assert changed(runs["dapo"], runs["dapo-overlong"]) == {"overlong_buffer"}
+    assert changed(runs["dapo"], runs["dapo-token"]) == {"loss_agg"}
+
+
+def test_rows_are_otherwise_identical_runs(tmp_path):
+    _, plan, runs, _ = resolved(TINY, tmp_path, seeds=2)
+
+    def rest(cfg):
+        d = cfg.model_dump(mode="json")
+        d.pop("objective")
+        d["train"].pop("run_dir")
+        return d
+
+    first = rest(runs["grpo"])
+    assert all(rest(c) == first for c in runs.values())
+    assert first["train"]["steps"] == 7 and first["train"]["eval_every"] == 2 and first["train"]["seed"] == 0
+    # no row throws away what it generates; dynamic sampling keeps CONFIG's budget (32 x 4 prompts)
+    assert first["rollout"]["gen_batch"] == first["rollout"]["train_batch"] == 16
+    assert first["rollout"]["max_gen_batches"] == 8
+    assert len({c.train.run_dir for c in runs.values()}) == len(runs)
+    assert plan.seeds == (0, 1)
+    row = ablate.define_rows(runs["dapo"].objective_config)[0][0]
+    seed1 = load_config(TINY, ablate.run_overrides(plan, row, 1))
+    assert seed1.train.seed == 1 and seed1.train.run_dir.endswith("grpo/seed1")
+
+
+def test_a_config_without_overlong_shaping_drops_the_rows_that_would_repeat(tmp_path):
+    _, _, runs, dropped = resolved(REPO / "configs" / "tiny_grpo.yaml", tmp_path)
+    assert "overlong" not in runs and "dapo-overlong" not in runs
+    assert {(d.key, same.key) for d, same in dropped} == {("overlong", "clip"), ("dapo-overlong", "dapo"),
+                                                          ("dapo-dynsamp", "token")}
+    assert runs["grpo"].objective_config.kl_beta == 0.0  # tiny_grpo's own KL is 0.04
+
+
+def test_override_values_read_back_exactly():
+    import yaml
+
+    for v in (1e-05, 0.28, 3e-4, None, True, False, "seq_mean_token_mean", 2, 1.0):
+        assert yaml.safe_load(ablate.yaml_value(v)) == v and type(yaml.safe_load(ablate.yaml_value(v))) is type(v)
+
+
+# ----------------------------------------------------------------------------- tables
+G = 4
+
+
+def write_run(path: Path, accs: list[float], entropy: list[float], generated: list[int], *, redo_step: int | None = None):
+    """A fake run: eval every 2 steps (accs at steps 0, 2, 4, ...), one train row per step."""
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(json.dumps({"rollout": {"G": G}}))  # JSON is YAML
+    lines = [{"step": 0, "eval/accuracy": accs[0], "eval/pass@4": accs[0] + 0.3}]
+    for s in range(1, len(entropy) + 1):
+        lines.append({"step": s, "entropy_generated": entropy[s - 1], "entropy": entropy[s - 1] - 0.1,
+                      "generated_groups": generated[s - 1], "response_length_mean": 10.0 + s,
+                      "response_length_std": 2.0, "truncated_fraction": 0.1 * s, "clip_frac_low": 0.01,
+                      "clip_frac_high": 0.02, "zero_adv_fraction": 0.5, "gen_rounds": 1.0})
+        if s % 2 == 0:
+            lines.append({"step": s, "eval/accuracy": accs[s // 2], "eval/pass@4": accs[s // 2] + 0.3})
+    if redo_step is not None:  # a resume redid this step: the last line wins
+        lines.append({"step": redo_step, "entropy_generated": 0.35})
+    (path / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    (path / ablate.DONE_FILE).write_text(json.dumps({"steps": len(entropy), "wall_s": [10.0, 2.5]}))
+
+
+def test_summary_of_one_run(tmp_path):
+    entropy = [1.0, 0.9, 0.8, 0.5, 0.7, 0.6, 0.4, 0.3, 0.2, 0.25]
+    write_run(tmp_path / "r", [0.2, 0.3, 0.45, 0.4, 0.5, 0.6], entropy, [2, 3, 2, 2, 4, 2, 2, 2, 3, 2])
+    s = ablate.summarize_run(ablate.read_run(tmp_path / "r"), target=0.42)
+    assert s["start_acc"] == 0.2 and s["final_acc"] == 0.6 and s["best_acc"] == 0.6
+    assert s["final_pass"] == pytest.approx(0.9)
+    assert s["steps_to_target"] == 4  # the first evaluation >= 0.42
+    assert s["samples_to_target"] == (2 + 3 + 2 + 2) * G  # responses generated up to and including step 4
+    assert s["samples"] == sum([2, 3, 2, 2, 4, 2, 2, 2, 3, 2]) * G
+    assert s["ent_gen_end"] == pytest.approx(0.25)  # window = 10% of 10 steps = 1
+    assert s["ent_gen_min"] == pytest.approx(0.2) and s["ent_upd_min"] == pytest.approx(0.1)
+    assert s["len_mean"] == pytest.approx(np.mean(10.0 + np.arange(1, 11)))
+    assert s["len_sd_steps"] == pytest.approx(np.std(np.arange(1, 11)))
+    assert s["trunc"] == pytest.approx(0.55) and s["trunc_end"] == pytest.approx(1.0)
+    assert s["wall_s"] == 12.5
+    assert ablate.summarize_run(ablate.read_run(tmp_path / "r"), target=0.95)["steps_to_target"] is None
+    # only steps <= 6 when asked for a 6-step run
+    s6 = ablate.summarize_run(ablate.read_run(tmp_path / "r", steps=6), target=None)
+    assert s6["final_acc"] == 0.4 and s6["best_acc"] == 0.45 and "steps_to_target" not in s6
+
+
+def test_tables_are_mean_and_sd_over_seeds(tmp_path):
+    cfg = load_config(TINY)
+    plan = ablate.make_plan(TINY, cfg, steps=4, eval_every=2, seeds=3, runs_dir=tmp_path)
+    rows, _ = ablate.define_rows(cfg.objective_config)
+    row, other = rows[0], rows[4]
+    finals = [0.5, 0.6, 0.8]
+    for seed, final in zip(plan.seeds, finals):
+        # seed 2 reaches the target (0.45) at step 2, the others at step 4; row `other` never
+        write_run(ablate.run_dir(plan, row, seed), [0.25, 0.5 if seed == 2 else 0.3, final],
+                  [0.6, 0.5, 0.4, 0.3], [2, 2, 2, 2], redo_step=4)
+        write_run(ablate.run_dir(plan, other, seed), [0.25, 0.3, 0.35], [0.6, 0.5, 0.4, 0.3], [4, 4, 4, 4])
+    unfinished = ablate.define_rows(cfg.objective_config)[0][1]
+    write_run(ablate.run_dir(plan, unfinished, 0), [0.9, 0.9], [0.1], [1])  # 1 of 4 steps: left out
+    summaries, runs, target, missing = ablate.summarize_all(plan, [row, other, unfinished], target=None)
+    assert missing == [f"{unfinished.key}/seed{s}" for s in plan.seeds] and summaries[unfinished.key] == []
+    assert target == pytest.approx(0.45)  # the step-0 accuracy + 0.2
+    assert len(summaries[row.key]) == 3 and len(runs[other.key]) == 3
+    table = ablate.markdown_table([row, other], summaries, ablate.OUTCOME_COLUMNS)
+    lines = table.splitlines()
+    assert lines[0].startswith("| row | held-out acc. final | best |")
+    mean, sd = np.mean(finals), np.std(finals, ddof=1)  # 0.633 ± 0.153
+    assert f"| {row.label} | {mean:.3f} ± {sd:.3f} | {mean:.3f} ± {sd:.3f} |" in lines[2]
+    steps = [4, 4, 2]
+    assert f"{np.mean(steps):.0f} ± {np.std(steps, ddof=1):.0f}" in lines[2]
+    assert "| not reached | not reached |" in lines[3]
+    dynamics = ablate.markdown_table([row], summaries, ablate.DYNAMICS_COLUMNS)
+    # the redone step 4 wins (entropy 0.35, not 0.3); end = the last step (a window of 10% of 4 steps)
+    assert dynamics.splitlines()[2].startswith(f"| {row.label} | 0.350 ± 0.000 | 0.350 ± 0.000 | 0.200 ± 0.000 |")
+    assert ablate.fmt_cell([1.0, None, 3.0]) == "2.000 ± 1.414 (2/3)"
+    assert ablate.fmt_cell([0.5]) == "0.500" and ablate.fmt_cell([]) == "–"
+    assert ablate.fmt_cell([1234.0, 2345.0], 0) == "1,790 ± 786"
+
+
+# ----------------------------------------------------------------------------- end to end
+@pytest.mark.slow
+def test_script_end_to_end_two_steps_and_a_rerun_skips(tmp_path, monkeypatch):
+    """One row (full DAPO: dynamic sampling on, the path with refill rounds), 2 steps."""
+    out = tmp_path / "docs" / "ablation.md"
+    argv = [str(TINY), "--steps", "2", "--eval-every", "1", "--seeds", "1", "--rows", "dapo",
+            "--out", str(out), "--runs-dir", str(tmp_path / "runs"), "--set", "data.eval_size=32"]
+    assert ablate.main(argv) == 0
+    for key in ("dapo",):
+        run = tmp_path / "runs" / key / "seed0"
+        assert json.loads((run / ablate.DONE_FILE).read_text())["steps"] == 2
+        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        train_rows = [r for r in rows if "entropy_generated" in r]
+        assert len(train_rows) == 2 and all(r["entropy_generated"] > 0 for r in train_rows)
+        assert all("zero_adv_fraction" in r for r in train_rows)
+    text = out.read_text()
+    assert "## Findings" in text and "Placeholder" in text
+    assert "| DAPO (+ dynamic sampling) |" in text and "| naive GRPO |" not in text.split("## Results")[1]
+    table_rows = [x for x in text.split("## Results")[1].splitlines() if x.startswith("| DAPO (+ dynamic sampling)")]
+    assert len(table_rows) == 2 and all(" ± " not in x for x in table_rows)  # one seed: no sd
+    figures = sorted(p.name for p in (tmp_path / "docs" / "figures").glob("ablation_*.png"))
+    assert figures == ["ablation_clip_higher.png", "ablation_dynamic_sampling.png", "ablation_overlong.png",
+                       "ablation_token_loss.png"]  # each with the one row it has
+    assert all(f"figures/{name}" in text for name in figures)
+
+    # a rerun trains nothing: every run is finished
+    import dapo_jax.training.loop as loop
+
+    def no_training(cfg):
+        raise AssertionError(f"{cfg.train.run_dir} was trained again")
+
+    monkeypatch.setattr(loop, "train", no_training)
+    assert ablate.main(argv) == 0
