@@ -40,7 +40,8 @@ def cmd_train(args) -> int:
     config, overrides = _split_config_and_overrides(args.items)
     cfg = load_config(_resolve_config(config), overrides)
     final = train(cfg)
-    print(json.dumps({k: v for k, v in final.items() if k.startswith("eval/") or k == "step"}))
+    summary = ("step", "steps_skipped", "prompts_dropped_too_long")
+    print(json.dumps({k: v for k, v in final.items() if k.startswith("eval/") or k in summary}))
     return 0
 
 
@@ -119,18 +120,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """What the user must fix (exit code 2): bad config, data, model or checkpoint files, mesh."""
+    from dapo_jax.models.config import ModelConfigError
+    from dapo_jax.models.hf_io import CheckpointError as ModelCheckpointError
+    from dapo_jax.parallel.mesh import MeshError
+    from dapo_jax.training.checkpoint import CheckpointError
+
+    return (ConfigError, DataError, ModelCheckpointError, ModelConfigError, CheckpointError, MeshError,
+            FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Exit codes: 0 done; 2 a user error (one line naming the key, file or row); 3 dynamic sampling
+    starved; 4 non-finite updates kept coming; 143 stopped by SIGTERM after saving a checkpoint."""
+    from dapo_jax.training.guards import RunStopped
+
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ConfigError, DataError) as e:
-        print(f"dapo-jax: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
     except StarvationError as e:
         print(f"dapo-jax: {e}", file=sys.stderr)
         return 3
-    except FileNotFoundError as e:
-        print(f"dapo-jax: {e}", file=sys.stderr)
+    except RunStopped as e:
+        print(f"dapo-jax: {type(e).__name__}: {e}", file=sys.stderr)
+        return e.exit_code
+    except _user_errors() as e:
+        print(f"dapo-jax: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
 
 

@@ -122,7 +122,14 @@ def load_rows(source: str | Path, *, split: str = "train", config: str | None = 
         kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}.get(path.suffix)
         if kind is None:
             raise DataError(f"{path}: unknown data file type {path.suffix!r} (expected .jsonl, .json, .parquet, .csv)")
-        ds = datasets.load_dataset(kind, data_files=str(path), split="train")
+        if kind == "json":
+            return _read_json_rows(path)
+        try:
+            ds = datasets.load_dataset(kind, data_files=str(path), split="train")
+        except Exception as e:  # noqa: BLE001 - the library's errors do not name the file
+            raise DataError(f"{path}: cannot be read as {path.suffix[1:]}: {type(e).__name__}: {e}") from e
+        if len(ds) == 0:
+            raise DataError(f"{path}: the file holds no rows")
     elif path.is_dir():
         if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
             ds = datasets.load_from_disk(str(path))
@@ -137,6 +144,34 @@ def load_rows(source: str | Path, *, split: str = "train", config: str | None = 
     else:
         ds = datasets.load_dataset(src, config, split=split)  # a hub name
     return ds.to_list()
+
+
+def _read_json_rows(path: Path) -> list[dict]:
+    """Rows of a ``.jsonl`` file (one object per line) or a ``.json`` file (a list of objects, or JSON
+    lines); a bad line raises ``DataError`` naming the file and the line, an empty file says so."""
+    import json
+
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json" and text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}: not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+    else:
+        rows = []
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}: line {lineno} is not valid JSON ({e.msg}, column {e.colno})") from None
+    if not rows:
+        raise DataError(f"{path}: the file holds no rows")
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise DataError(f"{path}: row {i} is a {type(row).__name__}, expected a JSON object")
+    return rows
 
 
 def _get(row: dict, dotted: str):

@@ -79,6 +79,11 @@ class _SafetensorsFile:
         self.metadata = header.pop("__metadata__", None) or {}
         self.entries: dict[str, dict] = header
         self.data_start = 8 + int(n)
+        end = max((int(e["data_offsets"][1]) for e in header.values() if isinstance(e, dict) and "data_offsets" in e),
+                  default=0)
+        size = file.stat().st_size
+        if size < self.data_start + end:
+            raise CheckpointError(f"{file} is truncated: {size} bytes, but its header needs {self.data_start + end}")
 
     def array(self, name: str) -> np.ndarray:
         """A read-only memmap view of tensor ``name`` in its stored dtype."""

@@ -28,7 +28,8 @@ class ConfigError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # inf/NaN are never a valid setting (`optim.lr=.inf` would NaN every parameter): refuse them here.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ModelSection(_Section):
@@ -132,6 +133,8 @@ class TrainSection(_Section):
     run_dir: str = "runs/tiny_dapo"
     progress: bool = True
     tensorboard: bool = True
+    max_nonfinite_steps: int = Field(default=3, gt=0)  # this many steps in a row with a non-finite update stop the run
+    fresh_start: bool = False  # when every checkpoint in run_dir is unreadable: start over instead of failing
 
 
 class RewardFunction(_Section):
@@ -270,7 +273,7 @@ def config_from_dict(data: dict, *, source: str = "<dict>") -> RunConfig:
             if err["type"] == "extra_forbidden":
                 msg = "unknown key"
             lines.append(f"{source}: {key}: {msg} (got {err.get('input')!r})")
-        raise ConfigError("invalid config\n  " + "\n  ".join(lines)) from None
+        raise ConfigError("; ".join(lines)) from None  # one line: the file, the dotted key, what is wrong
 
 
 def save_config(config: RunConfig, run_dir: str | Path) -> Path:

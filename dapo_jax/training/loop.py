@@ -13,28 +13,27 @@ for the reward functions. A rerun with the same RUN_DIR resumes from its newest 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
+import warnings
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import yaml
 from flax import nnx
 
 from dapo_jax.parallel.host import to_global, to_host
 from dapo_jax.training import sources
-from dapo_jax.training.checkpoint import Checkpointer
-from dapo_jax.training.config import ConfigError, RunConfig, resolve_path, save_config
+from dapo_jax.training.checkpoint import Checkpointer, CheckpointUnreadableError
+from dapo_jax.training.config import ConfigError, RunConfig, resolve_path
 from dapo_jax.training.evaluate import evaluate
+from dapo_jax.training.guards import NonFiniteMonitor, Preempted, Preemption
 from dapo_jax.training.metrics import MetricsWriter, compile_count
 from dapo_jax.training.rollout import Groups, collect_groups
+from dapo_jax.training.run_dir import RunDir
 from dapo_jax.training.train_step import Batch, TrainState, init_train_state, make_logprob_fn, make_optimizer, make_train_step
-
-# Keys that may change between a run and its resume (they do not change the trajectory).
-_RESUMABLE_CHANGES = {"train.steps", "train.progress", "train.tensorboard", "train.eval_every",
-                      "train.checkpoint_every", "train.keep_checkpoints", "train.run_dir"}
 
 
 def build_mesh(cfg: RunConfig):
@@ -47,18 +46,36 @@ def build_mesh(cfg: RunConfig):
     devices = jax.devices()
     if n > len(devices):
         raise ConfigError(f"mesh: data*fsdp*tensor={n} but only {len(devices)} devices are visible")
+    if n < len(devices) and jax.process_index() == 0:
+        print(f"[dapo-jax] warning: the mesh (data={cfg.mesh.data}, fsdp={cfg.mesh.fsdp}, tensor={cfg.mesh.tensor}) "
+              f"uses {n} of the {len(devices)} visible devices; the other {len(devices) - n} stay idle", flush=True)
     return make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices=devices[:n])
 
 
-def load_model(cfg: RunConfig, mesh):
-    from dapo_jax.models.hf_io import load_pretrained, load_tokenizer
-
+def _model_path(cfg: RunConfig):
     path = resolve_path(cfg.model.path)
     if not (path / "config.json").exists():
         raise ConfigError(f"model.path: no Hugging Face checkpoint (config.json) at {path}")
+    return path
+
+
+def load_tokenizer(cfg: RunConfig):
+    from dapo_jax.models.hf_io import load_tokenizer as load
+
+    return load(_model_path(cfg))
+
+
+def load_model(cfg: RunConfig, mesh, tokenizer):
+    """The configured model on `mesh`, checked: finite weights, a tokenizer that fits its vocabulary."""
+    from dapo_jax.models.checks import check_finite_weights, check_tokenizer_fits
+    from dapo_jax.models.hf_io import load_pretrained
+
+    path = _model_path(cfg)
     model = load_pretrained(path, mesh=mesh, param_dtype=cfg.model.param_dtype, dtype=cfg.model.dtype,
                             remat=cfg.model.remat)
-    return model, load_tokenizer(path)
+    check_tokenizer_fits(model.config, tokenizer, source=str(path))
+    check_finite_weights(model, source=str(path))
+    return model
 
 
 def sampling_config(cfg: RunConfig, tokenizer, model_cfg, *, eval_mode: bool = False):
@@ -76,31 +93,6 @@ def sampling_config(cfg: RunConfig, tokenizer, model_cfg, *, eval_mode: bool = F
     )
 
 
-def _check_same_config(cfg: RunConfig, run_dir: Path) -> None:
-    saved_file = run_dir / "config.yaml"
-    if not saved_file.exists():
-        return
-    old, new = _flat(yaml.safe_load(saved_file.read_text())), _flat(yaml.safe_load(cfg.to_yaml()))
-    diff = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and not _resumable(k))
-    if diff:
-        details = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:6])
-        raise ConfigError(f"{saved_file}: resuming this run with a different config ({details}); "
-                          f"use a new train.run_dir")
-
-
-def _resumable(key: str) -> bool:
-    return key in _RESUMABLE_CHANGES or key.startswith(("data.eval.", "train.eval_")) or key in ("data.eval",
-                                                                                                  "data.eval_size")
-
-
-def _flat(d, prefix=""):
-    out = {}
-    for k, v in (d or {}).items():
-        key = f"{prefix}{k}"
-        out.update(_flat(v, key + ".") if isinstance(v, dict) else {key: v})
-    return out
-
-
 @dataclasses.dataclass
 class _Run:
     """What the loop threads through the steps, besides the jitted state."""
@@ -108,28 +100,42 @@ class _Run:
     step: int
     rng: np.ndarray  # uint32 raw key data
     carry: Groups | None
+    steps_skipped: int = 0  # steps with no group to train on (dynamic sampling starved under train_on_kept)
 
 
 def train(cfg: RunConfig) -> dict:
-    """Runs (or resumes) the configured training; returns the final metrics row."""
+    """Runs (or resumes) the configured training; returns the final metrics row.
+
+    Everything that can be checked is checked before the model loads and before anything is
+    written to the run dir: data files, reward functions, the run dir itself (a lock: one run at a
+    time), the config against the one the run started with. Raises `ConfigError` / `DataError` /
+    `CheckpointError` for what the user must fix, `RunStopped` (`NonFiniteError`, `Preempted`) when
+    the run stopped early, `StarvationError` when dynamic sampling could not fill a batch.
+    """
     from tqdm.auto import tqdm
 
     from dapo_jax.objectives.loss import compute_advantages, dynamic_sampling_keep, shape_rewards, token_kl
     from dapo_jax.parallel.mesh import batch_sharding
     from dapo_jax.sampling.sampler import make_generate
 
-    run_dir = Path(cfg.train.run_dir)
-    _check_same_config(cfg, run_dir)
+    run_dir = RunDir(cfg)
     objective = cfg.objective_config
     r, o = cfg.rollout, cfg.optim
+    main = jax.process_index() == 0  # only process 0 prints and writes logs
+    say = print if main else (lambda *a, **k: None)
     compile_count()  # install the listener before anything compiles
 
+    tokenizer = load_tokenizer(cfg)
+    stream, eval_stream, scorer = sources.make_data(cfg, tokenizer, objective)
+    if stream.num_skipped and main:
+        warnings.warn(f"{stream.num_skipped} of {stream.num_skipped + len(stream)} training prompts are longer than "
+                      f"data.max_prompt_length={cfg.data.max_prompt_length} tokens and are dropped", RuntimeWarning)
     mesh = build_mesh(cfg)
-    with jax.set_mesh(mesh):
-        model, tokenizer = load_model(cfg, mesh)
+    with run_dir, Preemption() as preemption, jax.set_mesh(mesh), contextlib.ExitStack() as cleanup:
+        run_dir.check_same_config()
+        model = load_model(cfg, mesh, tokenizer)
         graphdef, params = nnx.split(model)
         model_cfg = model.config
-        save_config(cfg, run_dir)
         ref_params = jax.tree.map(jnp.copy, params) if objective.needs_reference else None
         tx, schedule = make_optimizer(o, decay_steps=cfg.train.steps * o.num_minibatches)
         state = init_train_state(params, tx)
@@ -161,23 +167,16 @@ def train(cfg: RunConfig) -> dict:
             return Batch(prompt_ids, prompt_mask, response_ids, response_mask.astype(jnp.float32),
                          old_logp, adv, ref_logp)
 
-        max_len = cfg.data.max_prompt_length
-        stream = sources.make_stream(cfg.data.train, tokenizer, max_prompt_length=max_len, seed=cfg.data.seed)
-        eval_stream = None
-        if cfg.data.eval is not None:
-            eval_stream = sources.make_stream(cfg.data.eval, tokenizer, max_prompt_length=max_len,
-                                              seed=cfg.data.seed, shuffle=False)
-        scorer = sources.make_scorer(cfg.reward, objective)
-        ckpt = Checkpointer(run_dir / "checkpoints", keep=cfg.train.keep_checkpoints)
-        run = _Run(0, np.asarray(jax.random.key_data(jax.random.PRNGKey(cfg.train.seed))), None)
-        restored = ckpt.restore_latest(state)
-        if restored is not None:
-            state = restored.state
-            run = _Run(restored.step, np.asarray(restored.meta["rng"], np.uint32),
-                       Groups.from_state_dict(restored.carry) if restored.carry else None)
-            stream.load_state_dict(restored.meta["stream"])
-        writer = MetricsWriter(run_dir, tensorboard=cfg.train.tensorboard)
+        ckpt = Checkpointer(run_dir.path / "checkpoints", keep=cfg.train.keep_checkpoints)
+        cleanup.callback(ckpt.close)  # however the run ends, a started save completes
+        state, run = _restore(cfg, ckpt, state, stream, say)
+        run_dir.save_config()  # the run really starts here
+        writer = MetricsWriter(run_dir.path, tensorboard=cfg.train.tensorboard, enabled=main)
+        cleanup.callback(writer.close)
         key = jnp.asarray(run.rng, jnp.uint32)  # a raw PRNGKey; every use folds in (step, round)
+        monitor = NonFiniteMonitor(cfg.train.max_nonfinite_steps, lambda: max(ckpt.all_steps(), default=None))
+        counters = lambda: {"steps_skipped": run.steps_skipped,  # noqa: E731
+                            "prompts_dropped_too_long": stream.num_skipped}
 
         def run_eval(step: int) -> dict:
             if eval_stream is None:
@@ -191,6 +190,7 @@ def train(cfg: RunConfig) -> dict:
                            k=cfg.train.eval_k, limit=cfg.data.eval_size)
             res["eval/time_s"] = time.perf_counter() - t0
             writer.write(step, {**res, "compilations": compile_count()})
+            say(f"[dapo-jax] step {step} eval accuracy {res['eval/accuracy']:.3f}", flush=True)
             return res
 
         def sample_round(step: int, round_idx: int) -> Groups:
@@ -213,12 +213,9 @@ def train(cfg: RunConfig) -> dict:
             k, _ = dynamic_sampling_keep(objective, correct=groups.correct, rewards=groups.rewards)
             return np.asarray(k, bool)
 
-        last = {}
-        if run.step == 0:
-            res = run_eval(0)
-            if res:
-                print(f"[dapo-jax] step 0 eval accuracy {res['eval/accuracy']:.3f}", flush=True)
-        bar = tqdm(total=cfg.train.steps, initial=run.step, disable=not cfg.train.progress, desc="train")
+        last = run_eval(0) if run.step == 0 else {}
+        evaluated_at = 0 if run.step == 0 else None
+        bar = tqdm(total=cfg.train.steps, initial=run.step, disable=not (cfg.train.progress and main), desc="train")
         while run.step < cfg.train.steps:
             step = run.step + 1
             t0 = time.perf_counter()
@@ -228,41 +225,79 @@ def train(cfg: RunConfig) -> dict:
                 carry=run.carry, carry_surplus=r.carry_surplus,
             )
             t1 = time.perf_counter()
-            # Prompts (groups) over ("data", "fsdp"): each device holds whole groups of its slice.
-            host = (groups.prompt_ids, groups.prompt_mask, groups.response_ids, groups.response_mask,
-                    groups.old_logp, groups.rewards, np.broadcast_to(groups.valid[:, None], groups.rewards.shape))
-            batch = prepare(state.params, ref_params, *to_global(host, batch_sharding(mesh)))
-            state, m = train_step(state, batch)
-            m = to_host(m)
+            m = {}
+            if groups.valid.any():
+                # Prompts (groups) over ("data", "fsdp"): each device holds whole groups of its slice.
+                host = (groups.prompt_ids, groups.prompt_mask, groups.response_ids, groups.response_mask,
+                        groups.old_logp, groups.rewards, np.broadcast_to(groups.valid[:, None], groups.rewards.shape))
+                batch = prepare(state.params, ref_params, *to_global(host, batch_sharding(mesh)))
+                state, m = train_step(state, batch)
+                m = to_host(m)
+            else:  # an update on padding alone would change nothing but Adam's moments and counters
+                run.steps_skipped += 1
+                warnings.warn(f"step {step}: dynamic sampling kept no group in {r.max_gen_batches} generation "
+                              f"rounds; the update is skipped ({run.steps_skipped} skipped so far)", RuntimeWarning)
             t2 = time.perf_counter()
             run.step = step
-            row = {**stats, **{k: v for k, v in m.items()},
+            row = {**stats, **m, **counters(),
                    "rollout_tokens_per_s": stats.get("rollout_tokens", 0.0) / max(t1 - t0, 1e-9),
-                   "update_tokens_per_s": float(m["update_tokens"]) / max(t2 - t1, 1e-9),
+                   "update_tokens_per_s": float(m.get("update_tokens", 0.0)) / max(t2 - t1, 1e-9),
                    "rollout_time_s": t1 - t0, "update_time_s": t2 - t1, "step_time_s": t2 - t0,
                    "compilations": compile_count()}
             last = writer.write(step, row)
             bar.update(1)
             bar.set_postfix(reward=f"{stats.get('reward_mean', 0):.2f}", acc=f"{stats.get('accuracy', 0):.2f}",
                             kept=f"{stats.get('kept_fraction', 0):.2f}", ent=f"{float(m.get('entropy', 0)):.2f}")
+            monitor.update(step, float(m.get("nonfinite_updates", 0.0)))
+            if preemption.requested:
+                _save(ckpt, state, run, stream)
+                raise Preempted(f"SIGTERM at step {step}: checkpoint saved in {ckpt.directory}; rerun the same "
+                                f"command to resume")
             if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0 and step < cfg.train.steps:
                 _save(ckpt, state, run, stream)
             if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.steps:
                 last.update(run_eval(step))
+                evaluated_at = step
         bar.close()
         if not ckpt.all_steps() or max(ckpt.all_steps()) < run.step:
             _save(ckpt, state, run, stream)
-        final = run_eval(run.step)
-        if final:
-            last.update(final)
-            print(f"[dapo-jax] step {run.step} eval accuracy {final['eval/accuracy']:.3f}", flush=True)
-        ckpt.close()
-        writer.close()
+        if evaluated_at != run.step:
+            last.update(run_eval(run.step))
+        last.update(counters())
+        if run.steps_skipped or stream.num_skipped:
+            say(f"[dapo-jax] steps skipped (nothing kept): {run.steps_skipped}; prompts dropped as too long: "
+                f"{stream.num_skipped}", flush=True)
     return last
 
 
+def _restore(cfg: RunConfig, ckpt: Checkpointer, state: TrainState, stream, say) -> tuple[TrainState, _Run]:
+    """The newest good checkpoint's state and loop position, or a fresh start at step 0."""
+    run = _Run(0, np.asarray(jax.random.key_data(jax.random.PRNGKey(cfg.train.seed))), None)
+    try:
+        restored = ckpt.restore_latest(state)
+    except CheckpointUnreadableError:
+        if not cfg.train.fresh_start:
+            raise
+        say(f"[dapo-jax] no readable checkpoint in {ckpt.directory}: starting over from step 0 "
+            f"(train.fresh_start=true)", flush=True)
+        metrics = Path(cfg.train.run_dir) / "metrics.jsonl"
+        if metrics.exists() and jax.process_index() == 0:
+            metrics.rename(metrics.with_name(f"metrics.before-fresh-start-{int(time.time())}.jsonl"))
+        return state, run
+    if restored is None:
+        return state, run
+    run = _Run(restored.step, np.asarray(restored.meta["rng"], np.uint32),
+               Groups.from_state_dict(restored.carry) if restored.carry else None,
+               int(restored.meta.get("steps_skipped", 0)))
+    stream.load_state_dict(restored.meta["stream"])
+    quarantined = f" (unreadable newer checkpoint(s) {restored.quarantined} set aside)" if restored.quarantined else ""
+    say(f"[dapo-jax] resumed from step {restored.step} in {ckpt.directory}{quarantined}", flush=True)
+    return restored.state, run
+
+
 def _save(ckpt: Checkpointer, state: TrainState, run: _Run, stream) -> None:
-    meta = {"rng": [int(x) for x in np.asarray(run.rng).ravel()], "stream": stream.state_dict()}
+    meta = {"rng": [int(x) for x in np.asarray(run.rng).ravel()], "stream": stream.state_dict(),
+            "steps_skipped": run.steps_skipped}
     ckpt.save(run.step, state, meta=meta, carry=run.carry.state_dict() if run.carry is not None else None)
 
 
@@ -273,7 +308,8 @@ def load_trained_model(cfg: RunConfig, checkpoint: str | Path | None = None, *, 
 
     mesh = mesh or build_mesh(cfg)
     with jax.set_mesh(mesh):
-        model, tokenizer = load_model(cfg, mesh)
+        tokenizer = load_tokenizer(cfg)
+        model = load_model(cfg, mesh, tokenizer)
         graphdef, params = nnx.split(model)
         path = Path(checkpoint) if checkpoint is not None else Path(cfg.train.run_dir)
         step = None

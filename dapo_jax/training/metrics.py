@@ -56,11 +56,16 @@ def _plain(value):
 class MetricsWriter:
     """Appends `{"step": s, **metrics}` lines to metrics.jsonl and scalars to TensorBoard."""
 
-    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True):
+    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, enabled: bool = True):
+        """`enabled=False` (every process but 0 of a multi-process run) writes nothing at all."""
         self.path = Path(run_dir) / "metrics.jsonl"
+        self.enabled = enabled
+        self._file = None
+        self._tb = None
+        if not enabled:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", buffering=1)
-        self._tb = None
         if tensorboard:
             from tensorboardX import SummaryWriter
 
@@ -68,6 +73,8 @@ class MetricsWriter:
 
     def write(self, step: int, metrics: dict) -> dict:
         row = {"step": int(step), **{k: _plain(v) for k, v in metrics.items()}}
+        if not self.enabled:
+            return row
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
         if self._tb is not None:
@@ -77,7 +84,8 @@ class MetricsWriter:
         return row
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
         if self._tb is not None:
             self._tb.close()
 

@@ -18,23 +18,26 @@ import numpy as np
 from dapo_jax.data.datasets import DataError, Problem, load_problems, to_problems
 from dapo_jax.training.config import resolve_path
 
-__all__ = ["DataError", "load_source", "make_stream", "decode_responses", "make_scorer"]
+__all__ = ["DataError", "load_source", "make_stream", "decode_responses", "make_scorer", "make_data"]
 
 
 def load_source(source, *, seed: int = 0) -> list[Problem]:
-    """The problems of one configured source (the synthetic task, a file, a folder or a hub name)."""
-    if source.name == "synthetic":
+    """The problems of one configured source (a built-in task: `synthetic` or `cot`, a file, a folder
+    or a hub name)."""
+    if source.name in ("synthetic", "cot"):
+        from dapo_jax.data.cot import cot_rows
         from dapo_jax.data.synthetic import synthetic_rows
 
+        make_rows = synthetic_rows if source.name == "synthetic" else cot_rows
         split = "heldout" if source.split in ("test", "heldout") else source.split
         try:
-            rows = synthetic_rows(split, seed=seed, **source.options)
+            rows = make_rows(split, seed=seed, **source.options)
         except (TypeError, ValueError) as e:
-            raise DataError(f"data source 'synthetic' (split={split!r}, options={source.options}): {e}") from e
-        problems = to_problems(rows, "synthetic", source="synthetic")
+            raise DataError(f"data source {source.name!r} (split={split!r}, options={source.options}): {e}") from e
+        problems = to_problems(rows, "synthetic", source=source.name)
     else:
         if source.options:
-            raise DataError(f"data source {source.name!r}: options are only for the synthetic task")
+            raise DataError(f"data source {source.name!r}: options are only for the built-in tasks (synthetic, cot)")
         path = resolve_path(source.name)
         problems = load_problems(path if path.exists() else source.name, format=source.format, split=source.split,
                                  problem_field=source.prompt_field, answer_field=source.answer_field)
@@ -95,3 +98,29 @@ def make_scorer(reward_cfg, objective) -> Scorer:
         return out.rewards, out.correct, keys
 
     return score
+
+
+def make_data(cfg, tokenizer, objective, *, sample: int = 8):
+    """`(train_stream, eval_stream | None, scorer)`, all checked before any model loads.
+
+    Every configured file is opened and every row parsed (`make_stream`), the reward functions are
+    built and run once on the first `sample` problems of each source (each ground truth scored as a
+    response to itself), so a bad row, field, file or reward option fails in seconds, naming it.
+    """
+    max_len = cfg.data.max_prompt_length
+    stream = make_stream(cfg.data.train, tokenizer, max_prompt_length=max_len, seed=cfg.data.seed)
+    eval_stream = None
+    if cfg.data.eval is not None:
+        eval_stream = make_stream(cfg.data.eval, tokenizer, max_prompt_length=max_len, seed=cfg.data.seed,
+                                  shuffle=False)
+    scorer = make_scorer(cfg.reward, objective)
+    strict = make_scorer(cfg.reward.model_copy(update={"on_error": "raise"}), objective)
+    for name, s in (("data.train", stream), ("data.eval", eval_stream)):
+        if s is None:
+            continue
+        answers = [e.answer for e in s.examples[:sample]]
+        try:
+            strict(answers, answers)
+        except DataError as e:
+            raise DataError(f"{name}: the reward cannot score this source's answers: {e}") from e
+    return stream, eval_stream, scorer

@@ -12,8 +12,10 @@ returns `(loss_sum, denominator)`; the denominator does not depend on the parame
     grad L = Σ_micro ∇ loss_sum / Σ_micro denominator
 
 is the exact gradient of the global token mean however the mini-batch is split (and over devices,
-since the sums are global under jit's sharding). A non-finite loss or gradient leaves params and
-optimizer state untouched and is counted in `state.skipped`.
+since the sums are global under jit's sharding). An update whose loss, gradient, new parameters or
+new optimizer moments are not all finite (a NaN moment, an infinite learning rate, an overflow) is
+not applied: params and optimizer state stay as they were, and it is counted in `state.skipped`
+and in the step's `nonfinite_updates`, so the state in memory, and every checkpoint, stays finite.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ class TrainState(NamedTuple):
     params: Any  # nnx.State of the trainable nnx.Param leaves
     opt_state: Any
     step: jax.Array  # int32: optimizer updates applied or attempted
-    skipped: jax.Array  # int32: updates skipped because the loss or gradient was not finite
+    skipped: jax.Array  # int32: updates not applied because something in them was not finite
 
 
 class Batch(NamedTuple):
@@ -85,6 +87,12 @@ def policy_logprobs(graphdef, params, prompt_ids, prompt_mask, response_ids, res
 def make_logprob_fn(graphdef, *, temperature: float) -> Callable:
     """Jitted `(params, prompt_ids, prompt_mask, response_ids, response_mask) -> (logp, entropy)`."""
     return jax.jit(lambda params, *a: policy_logprobs(graphdef, params, *a, temperature=temperature))
+
+
+def tree_all_finite(tree) -> jax.Array:
+    """True when every inexact leaf of `tree` is finite (integer leaves, e.g. Adam's count, are ignored)."""
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
 
 
 def _split(x: jax.Array, num_minibatches: int, micro_batches: int) -> jax.Array:
@@ -155,7 +163,8 @@ def make_train_step(
         updates, new_opt = tx.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         loss = loss_sum / safe_den
-        finite = jnp.isfinite(grad_norm) & jnp.isfinite(loss)
+        finite = (jnp.isfinite(grad_norm) & jnp.isfinite(loss) & tree_all_finite(new_params)
+                  & tree_all_finite(new_opt))
         apply = finite & (den > 0)
         keep = lambda new, old: jnp.where(apply, new, old)  # noqa: E731
         params = jax.tree.map(keep, new_params, params)
@@ -166,6 +175,7 @@ def make_train_step(
             "grad_norm": grad_norm,
             "learning_rate": schedule(step),
             "update_applied": apply.astype(jnp.float32),
+            "nonfinite_updates": (~finite).astype(jnp.float32),
             "entropy": extra["entropy_sum"] / jnp.maximum(extra["tokens"], 1.0),
             "update_tokens": extra["tokens"],
         }
@@ -179,6 +189,7 @@ def make_train_step(
         metrics = {k: jnp.mean(v) for k, v in per_mini.items() if not k.startswith("objective/")}
         metrics.update(finalize_metrics(combine_stacked(pairs)))
         metrics["update_tokens"] = jnp.sum(per_mini["update_tokens"])
+        metrics["nonfinite_updates"] = jnp.sum(per_mini["nonfinite_updates"])
         metrics["grad_norm_max"] = jnp.max(per_mini["grad_norm"])
         metrics["skipped_total"] = skipped
         return TrainState(params, opt_state, step, skipped), metrics

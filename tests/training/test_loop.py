@@ -121,12 +121,12 @@ def test_sigkill_mid_run_then_resume_matches_uninterrupted(tiny_model_dir, tmp_p
 
 
 def _abstract(cfg):
-    from dapo_jax.training.loop import build_mesh, load_model
+    from dapo_jax.training.loop import build_mesh, load_model, load_tokenizer
     from dapo_jax.training.train_step import init_train_state, make_optimizer
 
     mesh = build_mesh(cfg)
     with jax.set_mesh(mesh):
-        model, _ = load_model(cfg, mesh)
+        model = load_model(cfg, mesh, load_tokenizer(cfg))
         params = nnx.state(model)
         tx, _ = make_optimizer(cfg.optim)
         return jax.eval_shape(lambda p: init_train_state(p, tx), params)._replace(params=params)

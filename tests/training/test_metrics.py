@@ -38,3 +38,13 @@ def test_compile_count_counts_new_compilations_only():
     assert after_first > before and compile_count() == after_first
     f(x8)  # a new shape compiles again
     assert compile_count() > after_first
+
+
+def test_disabled_writer_writes_nothing(tmp_path):
+    from dapo_jax.training.metrics import MetricsWriter
+
+    writer = MetricsWriter(tmp_path / "run", tensorboard=True, enabled=False)  # processes other than 0
+    row = writer.write(3, {"loss": 1.5})
+    writer.close()
+    assert row == {"step": 3, "loss": 1.5}
+    assert not (tmp_path / "run").exists()

@@ -154,3 +154,45 @@ def test_no_recompilation_across_steps():
     state, _, _ = run(2, 2, make_batch(), steps=2)
     _STEPS[(2, 2)](state, make_batch(seed=1))
     assert _STEPS[(2, 2)]._cache_size() == 1
+
+
+def _fresh_state_and_step(lr):
+    graphdef, params = nnx.split(tiny_model())
+    tx, schedule = make_optimizer(OptimSection(lr=1e-2, weight_decay=0.0, grad_clip=None))
+    if lr is not None:  # the config refuses inf; build the transform directly, as a bug or overflow would
+        tx, schedule = optax.adam(lr), optax.constant_schedule(lr)
+    step = make_train_step(graphdef, tx, schedule, objective=None, loss_terms=token_mean_surrogate)
+    return init_train_state(params, tx), step
+
+
+def test_infinite_learning_rate_never_reaches_the_params():
+    state, step = _fresh_state_and_step(lr=float("inf"))
+    before = leaves(state.params)
+    state, metrics = step(state, make_batch())
+    for a, b in zip(before, leaves(state.params)):
+        np.testing.assert_array_equal(a, b)
+    assert float(metrics["nonfinite_updates"]) == 1.0 and float(metrics["update_applied"]) == 0.0
+    assert int(state.skipped) == 1
+    assert all(np.all(np.isfinite(x)) for x in leaves(state.opt_state) if np.issubdtype(x.dtype, np.floating))
+
+
+def test_nan_optimizer_moment_is_never_applied_and_keeps_being_reported():
+    state, step = _fresh_state_and_step(lr=None)
+    # A damaged optimizer state: one NaN in one first moment (as a flipped checkpoint byte would give).
+    flat, treedef = jax.tree.flatten(state.opt_state)
+    i = next(k for k, x in enumerate(flat) if np.ndim(x) > 0)
+    flat[i] = flat[i].at[(0,) * flat[i].ndim].set(jnp.nan)
+    state = state._replace(opt_state=jax.tree.unflatten(treedef, flat))
+    before = leaves(state.params)
+    for n in range(1, 3):
+        state, metrics = step(state, make_batch(seed=n))
+        assert float(metrics["nonfinite_updates"]) == 1.0
+        assert int(state.skipped) == n
+    for a, b in zip(before, leaves(state.params)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_finite_update_reports_zero_nonfinite():
+    state, step = _fresh_state_and_step(lr=None)
+    state, metrics = step(state, make_batch())
+    assert float(metrics["nonfinite_updates"]) == 0.0 and float(metrics["update_applied"]) == 1.0

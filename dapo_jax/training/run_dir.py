@@ -1,0 +1,91 @@
+"""The run directory: one run at a time, and a resume only with the config it started with.
+
+    with RunDir(cfg) as rd:          # fails at once if another process holds RUN_DIR/.lock
+        rd.check_same_config()      # a rerun must keep everything that changes the trajectory
+        ...
+        rd.save_config()            # written only once the run really starts
+
+The lock is an OS file lock (`filelock`), released by the kernel when the holder dies, even by
+SIGKILL, so a crashed run never leaves a stale lock; the holder's pid and host sit beside it so
+that the second run's error can name them. In a multi-process run process 0 holds it and writes
+for all.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+
+import filelock
+import yaml
+
+from dapo_jax.training.config import ConfigError, RunConfig, save_config
+
+# Keys that may change between a run and its resume (they do not change the trajectory).
+RESUMABLE_KEYS = {"train.steps", "train.progress", "train.tensorboard", "train.eval_every",
+                  "train.checkpoint_every", "train.keep_checkpoints", "train.run_dir", "train.fresh_start",
+                  "train.max_nonfinite_steps"}
+
+
+class RunDir:
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        self.path = Path(cfg.train.run_dir)
+        if self.path.exists() and not self.path.is_dir():
+            raise ConfigError(f"train.run_dir: {self.path} exists and is a file, not a directory")
+        self._lock: filelock.BaseFileLock | None = None
+
+    def __enter__(self) -> "RunDir":
+        import jax
+
+        self.path.mkdir(parents=True, exist_ok=True)
+        if jax.process_index() != 0:  # one lock per run: process 0 holds it for all (shared file systems)
+            return self
+        holder = self.path / ".lock.holder"
+        self._lock = filelock.FileLock(str(self.path / ".lock"), timeout=0)
+        try:
+            self._lock.acquire()
+        except filelock.Timeout:
+            who = holder.read_text().strip() if holder.exists() else "another process"
+            raise ConfigError(f"train.run_dir: {self.path} is in use by {who}; wait for it or choose another "
+                              f"train.run_dir") from None
+        holder.write_text(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._lock is not None:
+            (self.path / ".lock.holder").unlink(missing_ok=True)
+            self._lock.release()
+
+    def check_same_config(self) -> None:
+        """Raises when RUN_DIR/config.yaml exists and differs in a key that changes the trajectory."""
+        saved_file = self.path / "config.yaml"
+        if not saved_file.exists():
+            return
+        old, new = _flat(yaml.safe_load(saved_file.read_text())), _flat(yaml.safe_load(self.cfg.to_yaml()))
+        diff = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and not _resumable(k))
+        if diff:
+            details = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:6])
+            raise ConfigError(f"{saved_file}: resuming this run with a different config ({details}); "
+                              f"use a new train.run_dir")
+
+    def save_config(self) -> Path:
+        import jax
+
+        path = self.path / "config.yaml"
+        return save_config(self.cfg, self.path) if jax.process_index() == 0 else path
+
+
+def _resumable(key: str) -> bool:
+    return (key in RESUMABLE_KEYS or key.startswith(("data.eval.", "train.eval_"))
+            or key in ("data.eval", "data.eval_size"))
+
+
+def _flat(d, prefix=""):
+    out = {}
+    for k, v in (d or {}).items():
+        key = f"{prefix}{k}"
+        out.update(_flat(v, key + ".") if isinstance(v, dict) else {key: v})
+    return out

@@ -1,0 +1,280 @@
+"""Faults met the way users meet them: every one ends in a one-line error and a non-zero exit, before
+long work starts where it can be known then, and never in a silent bad model (issue: runs that never
+fail silently)."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dapo_jax.cli import main
+from dapo_jax.training.checkpoint import Checkpointer
+from dapo_jax.training.metrics import read_metrics
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def train_rc(overrides, capsys):
+    """Runs `dapo-jax train` in-process: (exit code, stderr's last line, stdout)."""
+    capsys.readouterr()
+    rc = main(["train", *overrides])
+    out, err = capsys.readouterr()
+    lines = [ln for ln in err.strip().splitlines() if ln.startswith("dapo-jax:")]
+    return rc, (lines[-1] if lines else ""), out
+
+
+def assert_nothing_written(run_dir: Path):
+    assert not (run_dir / "config.yaml").exists() and not (run_dir / "metrics.jsonl").exists()
+    assert not (run_dir / "checkpoints").exists()
+
+
+# ----------------------------------------------------------------------------- data and rewards, before the model
+def gsm8k_overrides(overrides_for, model_dir, run_dir, file):
+    return overrides_for(model_dir, run_dir, **{
+        "data.train": f"{{name: {file}, format: gsm8k}}", "data.eval": "null",
+        "reward.functions": "[{name: gsm8k}]"})
+
+
+def test_malformed_jsonl_names_file_and_line_before_anything_is_written(tiny_model_dir, tmp_path, overrides_for, capsys):
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"question": "1+1=", "answer": "#### 2"}\n{"question": "2+2=", "answer": \n')
+    run_dir = tmp_path / "run"
+    rc, err, _ = train_rc(gsm8k_overrides(overrides_for, tiny_model_dir, run_dir, data), capsys)
+    assert rc == 2 and str(data) in err and "line 2" in err
+    assert_nothing_written(run_dir)
+    # The user fixes the file and reruns the very same command in the same run dir: it runs.
+    data.write_text('{"question": "1+1=", "answer": "#### 2"}\n{"question": "2+2=", "answer": "#### 4"}\n')
+    rc, err, _ = train_rc(gsm8k_overrides(overrides_for, tiny_model_dir, run_dir, data), capsys)
+    assert rc == 0, err
+    assert (run_dir / "config.yaml").exists()
+
+
+def test_empty_jsonl_is_a_one_line_error(tiny_model_dir, tmp_path, overrides_for, capsys):
+    data = tmp_path / "empty.jsonl"
+    data.write_text("")
+    rc, err, _ = train_rc(gsm8k_overrides(overrides_for, tiny_model_dir, tmp_path / "run", data), capsys)
+    assert rc == 2 and str(data) in err and "no rows" in err
+    assert_nothing_written(tmp_path / "run")
+
+
+def test_missing_file_and_bad_reward_option_fail_before_the_run_dir(tiny_model_dir, tmp_path, overrides_for, capsys):
+    rc, err, _ = train_rc(gsm8k_overrides(overrides_for, tiny_model_dir, tmp_path / "a", tmp_path / "nope.jsonl"), capsys)
+    assert rc == 2 and "nope.jsonl" in err
+    rc, err, _ = train_rc(overrides_for(tiny_model_dir, tmp_path / "b", **{
+        "reward.functions": "[{name: synthetic, options: {no_such_option: 1}}]"}), capsys)
+    assert rc == 2 and "reward.functions.0" in err
+    for d in ("a", "b"):
+        assert_nothing_written(tmp_path / d)
+
+
+def test_infinite_learning_rate_is_refused_by_name(tiny_model_dir, tmp_path, overrides_for, capsys):
+    rc, err, _ = train_rc(overrides_for(tiny_model_dir, tmp_path / "run", **{"optim.lr": ".inf"}), capsys)
+    assert rc == 2 and "optim.lr" in err
+
+
+# ----------------------------------------------------------------------------- bad models and tokenizers
+def copy_model(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_model_with_nan_weights_is_refused(tiny_model_dir, tmp_path, overrides_for, capsys):
+    from safetensors.numpy import load_file, save_file
+
+    model = copy_model(tiny_model_dir, tmp_path / "model")
+    tensors = load_file(model / "model.safetensors")
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name].copy()
+    tensors[name].flat[3] = np.nan
+    save_file(tensors, model / "model.safetensors")
+    rc, err, _ = train_rc(overrides_for(model, tmp_path / "run"), capsys)
+    assert rc == 2 and name in err and "non-finite" in err
+    assert not (tmp_path / "run" / "config.yaml").exists()
+
+
+def test_truncated_safetensors_names_the_file(tiny_model_dir, tmp_path, overrides_for, capsys):
+    model = copy_model(tiny_model_dir, tmp_path / "model")
+    f = model / "model.safetensors"
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    rc, err, _ = train_rc(overrides_for(model, tmp_path / "run"), capsys)
+    assert rc == 2 and str(f) in err and "truncated" in err
+
+
+def test_tokenizer_larger_than_the_embedding_is_refused(tiny_model_dir, tmp_path, overrides_for, capsys, shared):
+    qwen = shared("tokenizers", "qwen2.5")
+    model = copy_model(tiny_model_dir, tmp_path / "model")
+    for f in model.iterdir():
+        if "token" in f.name or f.name.endswith(".jinja"):
+            f.unlink()
+    for f in qwen.iterdir():
+        shutil.copy(f, model / f.name)
+    rc, err, _ = train_rc(overrides_for(model, tmp_path / "run"), capsys)
+    assert rc == 2 and "vocab_size=100" in err and "tokenizer" in err
+    assert not (tmp_path / "run" / "config.yaml").exists()
+
+
+# ----------------------------------------------------------------------------- the run dir
+def test_run_dir_that_is_a_file(tiny_model_dir, tmp_path, overrides_for, capsys):
+    (tmp_path / "run").write_text("not a dir")
+    rc, err, _ = train_rc(overrides_for(tiny_model_dir, tmp_path / "run"), capsys)
+    assert rc == 2 and "is a file" in err
+
+
+def test_second_run_into_a_held_run_dir_fails_at_once_naming_the_holder(tiny_model_dir, tmp_path, overrides_for, capsys):
+    run_dir = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from dapo_jax.training.config import load_config; "
+         "from dapo_jax.training.run_dir import RunDir; rd = RunDir(load_config(None, sys.argv[1:])).__enter__(); "
+         "print('held', flush=True); time.sleep(60)", f"train.run_dir={run_dir}"],
+        stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        t0 = time.monotonic()
+        rc, err, _ = train_rc(overrides_for(tiny_model_dir, run_dir), capsys)
+        assert rc == 2 and "in use by" in err and f"pid {holder.pid}" in err
+        assert time.monotonic() - t0 < 30  # at once, not after the model loaded (no timing precision needed)
+    finally:
+        holder.kill()
+        holder.wait()
+    rc, err, _ = train_rc(overrides_for(tiny_model_dir, run_dir), capsys)  # a killed holder leaves no stale lock
+    assert rc == 0, err
+
+
+# ----------------------------------------------------------------------------- non-finite updates
+def test_non_finite_updates_stop_the_run_and_keep_every_checkpoint_finite(tiny_model_dir, tmp_path, overrides_for, capsys):
+    run_dir = tmp_path / "run"
+    # 1e39 is a finite double (the config accepts it) but +inf in float32: every update overflows.
+    rc, err, _ = train_rc(overrides_for(tiny_model_dir, run_dir, **{
+        "optim.lr": "1.0e+39", "train.steps": 6, "train.max_nonfinite_steps": 2,
+        "objective.dynamic_sampling": "false"}), capsys)
+    assert rc == 4 and "2 consecutive steps" in err
+    rows = [r for r in read_metrics(run_dir) if "nonfinite_updates" in r]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["nonfinite_updates"] > 0 for r in rows)
+    ckpt = Checkpointer(run_dir / "checkpoints")
+    assert ckpt.all_steps() == [1]  # written before the second bad step; nothing after
+    ckpt.close()
+    from dapo_jax.training.config import load_config
+    from dapo_jax.training.loop import load_trained_model
+    import jax
+
+    model, _, step = load_trained_model(load_config(run_dir / "config.yaml"), run_dir)
+    from flax import nnx
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+# ----------------------------------------------------------------------------- checkpoints in the loop
+def largest_file(d: Path) -> Path:
+    return max((p for p in d.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+
+
+def flip_bytes(f: Path, n: int = 64) -> None:
+    data = bytearray(f.read_bytes())
+    mid = len(data) // 2
+    for i in range(mid, min(mid + n, len(data))):
+        data[i] ^= 0xFF
+    f.write_bytes(bytes(data))
+
+
+def test_flipped_newest_checkpoint_is_set_aside_redone_and_saved_again(tiny_model_dir, tmp_path, overrides_for, capsys):
+    run_dir = tmp_path / "run"
+    args = overrides_for(tiny_model_dir, run_dir, **{"train.steps": 2})
+    assert train_rc(args, capsys)[0] == 0
+    flip_bytes(largest_file(run_dir / "checkpoints" / "2"))
+    with pytest.warns(RuntimeWarning, match="2"):
+        rc, err, out = train_rc(args, capsys)
+    assert rc == 0, err
+    assert "resumed from step 1" in out
+    ckpt = Checkpointer(run_dir / "checkpoints")
+    assert max(ckpt.all_steps()) == 2  # the redone step is saved again: the newest is good
+    ckpt.close()
+    capsys.readouterr()
+    assert main(["eval", str(run_dir)]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["step"] == 2
+
+
+def test_no_readable_checkpoint_stops_unless_fresh_start(tiny_model_dir, tmp_path, overrides_for, capsys):
+    run_dir = tmp_path / "run"
+    args = overrides_for(tiny_model_dir, run_dir, **{"train.steps": 1})
+    assert train_rc(args, capsys)[0] == 0
+    for step_dir in (run_dir / "checkpoints").iterdir():
+        if step_dir.name.isdigit():
+            flip_bytes(largest_file(step_dir))
+    with pytest.warns(RuntimeWarning):
+        rc, err, _ = train_rc(args, capsys)
+    assert rc == 2 and "fresh_start" in err
+    rc, err, out = train_rc([*args, "train.fresh_start=true"], capsys)
+    assert rc == 0, err
+    assert "starting over from step 0" in out
+    assert [r["step"] for r in read_metrics(run_dir)] == [0, 1]
+
+
+def test_resume_says_where_it_resumed(tiny_model_dir, tmp_path, overrides_for, capsys):
+    run_dir = tmp_path / "run"
+    assert train_rc(overrides_for(tiny_model_dir, run_dir, **{"train.steps": 1}), capsys)[0] == 0
+    rc, err, out = train_rc(overrides_for(tiny_model_dir, run_dir, **{"train.steps": 2}), capsys)
+    assert rc == 0 and "resumed from step 1" in out
+
+
+def test_zero_steps_evaluates_once(tiny_model_dir, tmp_path, overrides_for, capsys):
+    run_dir = tmp_path / "run"
+    assert train_rc(overrides_for(tiny_model_dir, run_dir, **{"train.steps": 0}), capsys)[0] == 0
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [0]
+
+
+# ----------------------------------------------------------------------------- starvation and dropped prompts
+def test_starved_step_is_skipped_counted_and_reported(tiny_model_dir, tmp_path, overrides_for, capsys):
+    run_dir = tmp_path / "run"
+    # A random model is never right: with correctness as the filter metric every group is all-wrong.
+    args = overrides_for(tiny_model_dir, run_dir, **{"objective.dynamic_sampling_metric": "correct",
+                                                     "train.steps": 2, "data.max_prompt_length": 5,
+                                                     # unpadded operands: "7+3=" fits in 5 tokens, "17+13=" does not
+                                                     "data.train.options": "{max_operand: 19, max_second: 19, zero_pad: false, heldout_size: 20}"})
+    with pytest.warns(RuntimeWarning) as record:
+        rc, err, out = train_rc(args, capsys)
+    assert rc == 0, err
+    messages = " ".join(str(w.message) for w in record)
+    assert "update is skipped" in messages and "longer than data.max_prompt_length=5" in messages
+    rows = [r for r in read_metrics(run_dir) if "steps_skipped" in r and "gen_rounds" in r]
+    assert [r["steps_skipped"] for r in rows] == [1, 2]
+    assert all(r["prompts_dropped_too_long"] > 0 for r in rows)
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["steps_skipped"] == 2 and summary["prompts_dropped_too_long"] > 0
+    assert "grad_norm" not in rows[0]  # no update was spent on padding
+
+
+# ----------------------------------------------------------------------------- preemption
+def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes(tiny_model_dir, tmp_path, overrides_for):
+    run_dir = tmp_path / "run"
+    args = overrides_for(tiny_model_dir, run_dir, **{"train.steps": 400, "train.checkpoint_every": 0})
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "dapo_jax.cli", "train", *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 4:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-2000:]
+    assert "SIGTERM at step" in err
+    ckpt = Checkpointer(run_dir / "checkpoints")
+    saved = max(ckpt.all_steps())
+    ckpt.close()
+    assert saved >= 3
+    rows = read_metrics(run_dir)
+    assert max(r["step"] for r in rows) == saved  # the checkpoint is of the last logged step
+    again = overrides_for(tiny_model_dir, run_dir, **{"train.steps": saved + 1, "train.checkpoint_every": 0})
+    done = subprocess.run([sys.executable, "-m", "dapo_jax.cli", "train", *again], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"resumed from step {saved}" in done.stdout

@@ -1,0 +1,36 @@
+"""The run dir: a lock that names its holder, and resumes only with the same trajectory config."""
+
+import pytest
+
+from dapo_jax.training.config import ConfigError, load_config
+from dapo_jax.training.run_dir import RunDir
+
+
+def cfg(run_dir, *extra):
+    return load_config(None, [f"train.run_dir={run_dir}", *extra])
+
+
+def test_lock_is_exclusive_and_released(tmp_path):
+    first = RunDir(cfg(tmp_path / "r")).__enter__()
+    holder = (tmp_path / "r" / ".lock.holder").read_text()
+    assert holder.startswith("pid ")
+    # A second lock object on the same path: refused at once, naming the holder.
+    with pytest.raises(ConfigError, match="in use by pid"):
+        RunDir(cfg(tmp_path / "r")).__enter__()
+    first.__exit__(None, None, None)
+    with RunDir(cfg(tmp_path / "r")):
+        pass
+
+
+def test_run_dir_that_is_a_file(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ConfigError, match="is a file"):
+        RunDir(cfg(tmp_path / "f"))
+
+
+def test_config_changes_that_alter_the_trajectory_are_refused(tmp_path):
+    rd = RunDir(cfg(tmp_path / "r"))
+    rd.save_config()
+    RunDir(cfg(tmp_path / "r", "train.steps=5000", "train.fresh_start=true")).check_same_config()
+    with pytest.raises(ConfigError, match=r"optim.lr: 0.0003 -> 0.1"):
+        RunDir(cfg(tmp_path / "r", "optim.lr=0.1")).check_same_config()
