@@ -278,3 +278,18 @@ def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes(tiny_model_dir, tmp
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"resumed from step {saved}" in done.stdout
+
+
+def test_a_mesh_that_leaves_devices_idle_says_so(capsys):
+    import jax
+
+    from dapo_jax.training.config import load_config
+    from dapo_jax.training.loop import build_mesh
+
+    n = len(jax.devices())
+    if n < 4:
+        pytest.skip("needs the test suite's 8 virtual CPU devices")
+    mesh = build_mesh(load_config(None, ["mesh.data=3", "rollout.train_batch=6", "rollout.gen_batch=6",
+                                         "optim.num_minibatches=1"]))
+    assert mesh.devices.size == 3
+    assert f"uses 3 of the {n} visible devices" in capsys.readouterr().out
