@@ -75,7 +75,9 @@ def cmd_eval(args) -> int:
 
 
 def cmd_export(args) -> int:
+    from dapo_jax.models.generation_config import load_generation_config
     from dapo_jax.models.hf_io import save_pretrained
+    from dapo_jax.training.config import resolve_path
     from dapo_jax.training.loop import load_trained_model
 
     ckpt = Path(args.checkpoint)
@@ -86,7 +88,8 @@ def cmd_export(args) -> int:
         raise ConfigError(f"{ckpt}: no config.yaml in it or its parents: not inside a run directory")
     cfg = load_config(run_dir / "config.yaml")
     model, tokenizer, step = load_trained_model(cfg, ckpt)
-    out = save_pretrained(model, args.out_dir, tokenizer=tokenizer)
+    generation = load_generation_config(resolve_path(cfg.model.path))  # the base's stop tokens and defaults
+    out = save_pretrained(model, args.out_dir, tokenizer=tokenizer, generation_config=generation)
     print(f"exported step {step} to {out}")
     return 0
 

@@ -2,6 +2,7 @@
 
 from dapo_jax.models.config import ModelConfig, ModelConfigError, RopeScaling
 from dapo_jax.models.decoder import Decoder, KVCache, positions_from_mask
+from dapo_jax.models.generation_config import GenerationConfig, load_generation_config, stop_token_ids
 from dapo_jax.models.hf_io import (
     CheckpointError,
     load_model_and_tokenizer,
@@ -22,12 +23,14 @@ __all__ = [
     "PARTITION_RULES",
     "CheckpointError",
     "Decoder",
+    "GenerationConfig",
     "KVCache",
     "ModelConfig",
     "ModelConfigError",
     "RopeScaling",
     "check_divisible",
     "constrain_batch",
+    "load_generation_config",
     "load_model_and_tokenizer",
     "load_pretrained",
     "load_tokenizer",
@@ -36,4 +39,5 @@ __all__ = [
     "positions_from_mask",
     "save_pretrained",
     "shard_model",
+    "stop_token_ids",
 ]

@@ -27,8 +27,9 @@ def check_finite_weights(model, *, source: str = "<model>") -> None:
                                   f"(NaN/inf) of {x.size}: the checkpoint is damaged")
 
 
-def check_tokenizer_fits(config, tokenizer, *, source: str = "<model>") -> None:
-    """The tokenizer's ids must all index the embedding; EOS/PAD ids must be inside the vocabulary.
+def check_tokenizer_fits(config, tokenizer, *, source: str = "<model>", generation=None) -> None:
+    """The tokenizer's ids must all index the embedding; EOS/PAD ids (of config.json, of
+    `generation` = generation_config.json when given, of the tokenizer) must be inside the vocabulary.
 
     A tokenizer bigger than the embedding (the Qwen2.5 tokenizer beside a 99-token model) would
     gather out-of-range rows, which XLA clamps silently: training then goes nowhere."""
@@ -41,6 +42,9 @@ def check_tokenizer_fits(config, tokenizer, *, source: str = "<model>") -> None:
                "pad_token_id (config)": [config.pad_token_id],
                "tokenizer eos_token_id": [tokenizer.eos_token_id],
                "tokenizer pad_token_id": [tokenizer.pad_token_id]}
+    if generation is not None:
+        special["eos_token_id (generation_config.json)"] = list(generation.eos_token_id)
+        special["pad_token_id (generation_config.json)"] = [generation.pad_token_id]
     for name, ids in special.items():
         for i in ids:
             if i is not None and not 0 <= int(i) < vocab:

@@ -37,6 +37,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from dapo_jax.models.config import ModelConfig
 from dapo_jax.models.decoder import Decoder
+from dapo_jax.models.generation_config import GenerationConfig
 from dapo_jax.models.sharding import check_divisible, partition_spec, path_str
 
 log = logging.getLogger(__name__)
@@ -210,7 +211,8 @@ def load_tokenizer(path: str | os.PathLike):
     try:
         return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except (OSError, ValueError) as e:
-        raise CheckpointError(f"cannot load a tokenizer from {path}: {e}") from e
+        raise CheckpointError(f"cannot load a tokenizer from {path}: {e} (the tokenizer files, tokenizer.json and "
+                              f"tokenizer_config.json, must sit beside config.json and the weights)") from e
 
 
 def load_model_and_tokenizer(path: str | os.PathLike, **kwargs) -> tuple[Decoder, Any]:
@@ -249,14 +251,18 @@ def save_pretrained(
     max_shard_bytes: int = 5 * 1024**3,
     dtype: str | None = None,
     tokenizer=None,
+    generation_config: GenerationConfig | None = None,
 ) -> Path:
-    """Writes ``config.json`` and HF-named safetensors that ``transformers`` (and :func:`load_pretrained`) load.
+    """Writes ``config.json``, ``generation_config.json`` and HF-named safetensors that ``transformers``
+    (and :func:`load_pretrained`) load.
 
     Args:
       max_shard_bytes: above this total, tensors are split into ``model-0000k-of-0000n.safetensors``
         files listed by ``model.safetensors.index.json``.
       dtype: the stored dtype (e.g. ``"bfloat16"``); ``None`` keeps each parameter's dtype.
       tokenizer: saved beside the model when given.
+      generation_config: the source checkpoint's (:func:`load_generation_config`), so stop tokens and
+        sampling defaults survive an export; ``None`` derives one from the model config's special tokens.
     Only one tensor shard file's worth of parameters is on the host at a time. In a multi-host run
     every process must call it (sharded arrays are all-gathered); only process 0 writes.
     """
@@ -275,6 +281,8 @@ def save_pretrained(
         hf = config.to_hf_dict()
         hf["torch_dtype"] = str(out_dtype or jnp.dtype(config.param_dtype))
         (root / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+        given = generation_config is not None and generation_config.to_dict()  # an absent file loads as empty
+        (generation_config if given else GenerationConfig.from_model_config(config)).save(root)
         for stale in [root / SAFETENSORS_FILE, root / SAFETENSORS_INDEX, *root.glob("model-*-of-*.safetensors")]:
             stale.unlink(missing_ok=True)  # a previous save with another sharding would shadow this one
 

@@ -128,6 +128,7 @@ class TrainSection(_Section):
     eval_k: int = Field(default=4, gt=0)
     eval_temperature: float = Field(default=1.0, ge=0)  # 0 = greedy
     eval_top_p: float = Field(default=1.0, gt=0, le=1)
+    eval_top_k: int = Field(default=0, ge=0)  # 0 = off
     checkpoint_every: int = Field(default=0, ge=0)  # 0 = only at the end
     keep_checkpoints: int = Field(default=2, gt=0)
     run_dir: str = "runs/tiny_dapo"

@@ -68,27 +68,33 @@ def load_tokenizer(cfg: RunConfig):
 def load_model(cfg: RunConfig, mesh, tokenizer):
     """The configured model on `mesh`, checked: finite weights, a tokenizer that fits its vocabulary."""
     from dapo_jax.models.checks import check_finite_weights, check_tokenizer_fits
+    from dapo_jax.models.generation_config import load_generation_config
     from dapo_jax.models.hf_io import load_pretrained
 
     path = _model_path(cfg)
     model = load_pretrained(path, mesh=mesh, param_dtype=cfg.model.param_dtype, dtype=cfg.model.dtype,
                             remat=cfg.model.remat)
-    check_tokenizer_fits(model.config, tokenizer, source=str(path))
+    check_tokenizer_fits(model.config, tokenizer, source=str(path), generation=load_generation_config(path))
     check_finite_weights(model, source=str(path))
     return model
 
 
-def sampling_config(cfg: RunConfig, tokenizer, model_cfg, *, eval_mode: bool = False):
+def sampling_config(cfg: RunConfig, tokenizer, model_cfg, *, eval_mode: bool = False, generation=None):
+    """The sampler's settings; it stops on every EOS id of config.json, generation_config.json (read
+    from model.path when `generation` is None: chat models list their end-of-turn token only there)
+    and the tokenizer."""
+    from dapo_jax.models.generation_config import load_generation_config, stop_token_ids
     from dapo_jax.sampling.config import SamplingConfig
 
-    eos = tuple(dict.fromkeys([*model_cfg.eos_token_id, *([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])]))
+    generation = generation if generation is not None else load_generation_config(_model_path(cfg))
+    eos = stop_token_ids(model_cfg, generation, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (model_cfg.pad_token_id or 0)
     r, t = cfg.rollout, cfg.train
     return SamplingConfig(
         max_new_tokens=r.max_new_tokens,
         temperature=t.eval_temperature if eval_mode else r.temperature,
         top_p=t.eval_top_p if eval_mode else r.top_p,
-        top_k=0 if eval_mode else r.top_k,
+        top_k=t.eval_top_k if eval_mode else r.top_k,
         eos_token_ids=eos, pad_token_id=int(pad),
     )
 
