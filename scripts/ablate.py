@@ -167,6 +167,7 @@ def _record(path: Path, **changes) -> None:
 def run_all(plan: Plan, rows: list[Row]) -> list[str]:
     """Trains every unfinished row x seed in turn; returns the runs that failed (as 'row/seedS: error')."""
     from dapo_jax.training.config import load_config
+    from dapo_jax.training.guards import Preempted
     from dapo_jax.training.loop import train
 
     failed = []
@@ -181,15 +182,16 @@ def run_all(plan: Plan, rows: list[Row]) -> list[str]:
         t0 = time.perf_counter()
         try:
             final = train(load_config(plan.config, run_overrides(plan, row, seed)))
-        except Exception as e:  # noqa: BLE001 - one broken run must not stop the other rows
+        except BaseException as e:
             _record(path, wall_s=[*_done(path)["wall_s"], time.perf_counter() - t0])
+            # Ctrl-C or SIGTERM: stop here (the run's checkpoint lets a rerun resume); any other
+            # error fails this run only
+            if isinstance(e, Preempted) or not isinstance(e, Exception):
+                raise
             traceback.print_exc()
             failed.append(f"{row.key}/seed{seed}: {type(e).__name__}: {e}")
             print(f"[ablate] {name}: FAILED ({type(e).__name__}: {e})", flush=True)
             continue
-        except BaseException:  # Ctrl-C: keep the time spent, the checkpoint lets a rerun resume
-            _record(path, wall_s=[*_done(path)["wall_s"], time.perf_counter() - t0])
-            raise
         wall = time.perf_counter() - t0
         _record(path, steps=plan.steps, wall_s=[*_done(path)["wall_s"], wall])
         acc = final.get("eval/accuracy")

@@ -210,3 +210,37 @@ def test_script_end_to_end_two_steps_and_a_rerun_skips(tmp_path, monkeypatch):
 
     monkeypatch.setattr(loop, "train", no_training)
     assert ablate.main(argv) == 0
+
+
+def test_a_failed_run_is_reported_and_the_others_go_on(tmp_path, monkeypatch):
+    import dapo_jax.training.loop as loop
+    from dapo_jax.training.guards import Preempted
+
+    trained = []
+
+    def fake_train(cfg):
+        trained.append(Path(cfg.train.run_dir).parent.name)
+        if cfg.objective_config.dynamic_sampling:
+            raise RuntimeError("boom")
+        write_run(Path(cfg.train.run_dir), [0.2, 0.3, 0.4], [0.5, 0.4, 0.3, 0.2], [4, 4, 4, 4])
+        return {"eval/accuracy": 0.4}
+
+    monkeypatch.setattr(loop, "train", fake_train)
+    out = tmp_path / "ablation.md"
+    argv = [str(TINY), "--steps", "4", "--seeds", "2", "--rows", "grpo,dapo,clip", "--out", str(out),
+            "--runs-dir", str(tmp_path / "runs")]
+    assert ablate.main(argv) == 1
+    assert trained == ["grpo", "grpo", "clip", "clip", "dapo", "dapo"]  # ladder order, every seed
+    text = out.read_text()
+    assert "left out of the tables: dapo/seed0, dapo/seed1" in text
+    assert "| naive GRPO | 0.400 ± 0.000 |" in text and "| DAPO (+ dynamic sampling) | no runs |" in text
+
+    # SIGTERM stops the whole ladder (the next run would be killed too); finished runs are not redone
+    def preempted(cfg):
+        trained.append("preempted")
+        raise Preempted("SIGTERM")
+
+    monkeypatch.setattr(loop, "train", preempted)
+    with pytest.raises(Preempted):
+        ablate.main(argv)
+    assert trained[6:] == ["preempted"]
