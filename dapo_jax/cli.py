@@ -1,7 +1,8 @@
 """`dapo-jax`: train, evaluate, export and plot.
 
     dapo-jax train [CONFIG.yaml] [key.sub=value ...]   # no config = configs/tiny_dapo.yaml; rerun = resume
-    dapo-jax eval CONFIG_OR_RUN_DIR [key.sub=value ...] # avg@k, pass@k, maj@k of the newest checkpoint
+    dapo-jax eval --model RUN_OR_HF_DIR [--data F ...]  # avg@k, pass@k, maj@k; table + results JSON + samples
+    dapo-jax eval RUN_DIR [key.sub=value ...]           # the same, old form: the run's newest checkpoint
     dapo-jax export CHECKPOINT OUT_DIR                  # Hugging Face model + tokenizer
     dapo-jax plot RUN_DIR                               # PNG curves into RUN_DIR/plots
 """
@@ -46,32 +47,37 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    import jax
-    from flax import nnx
-
-    from dapo_jax.sampling.sampler import make_generate
-    from dapo_jax.training import sources
-    from dapo_jax.training.evaluate import evaluate
-    from dapo_jax.training.loop import build_mesh, load_trained_model, sampling_config
+    from dapo_jax.evaluation.report import flat_metrics, print_report, write_report
+    from dapo_jax.evaluation.run import EvalFlags, resolve_target, run_eval
+    from dapo_jax.evaluation.sets import parse_data
 
     target, overrides = _split_config_and_overrides(args.items)
-    target = _resolve_config(target)
-    run_dir = target if target is not None and target.is_dir() else None
-    cfg = load_config(target, overrides)
-    if cfg.data.eval is None:
-        raise ConfigError(f"{target}: data.eval is not set: nothing to evaluate on")
-    mesh = build_mesh(cfg)
-    model, tokenizer, step = load_trained_model(cfg, run_dir, mesh=mesh)
-    with jax.set_mesh(mesh):
-        graphdef, params = nnx.split(model)
-        gen = make_generate(graphdef, sampling_config(cfg, tokenizer, model.config, eval_mode=True), cfg.train.eval_k)
-        stream = sources.make_stream(cfg.data.eval, tokenizer, max_prompt_length=cfg.data.max_prompt_length,
-                                     seed=cfg.data.seed, shuffle=False)
-        scorer = sources.make_scorer(cfg.reward, cfg.objective_config)
-        res = evaluate(gen, params, stream, tokenizer=tokenizer, scorer=scorer, key=jax.random.PRNGKey(cfg.train.seed),
-                       batch_size=cfg.rollout.gen_batch, k=cfg.train.eval_k, limit=cfg.data.eval_size)
-    print(json.dumps({"step": step, **res}))
+    if (target is None) == (args.model is None):
+        raise ConfigError("eval: name one model: --model PATH (a run dir, a checkpoint, a config or a Hugging Face "
+                          "model dir), or the old positional form `dapo-jax eval RUN_DIR [key=value ...]`")
+    model = args.model or str(_resolve_config(target))
+    resolved = resolve_target(model, checkpoint=args.checkpoint, overrides=overrides)
+    template = args.template or _default_template(resolved)
+    sets = [parse_data(d, format=args.format, template=template, reward=args.reward, limit=args.limit)
+            for d in args.data or []]
+    flags = EvalFlags(k=args.k, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                      max_new_tokens=args.max_new_tokens, max_prompt_length=args.max_prompt_length,
+                      batch_size=args.batch_size, seed=args.seed, limit=args.limit)
+    report = run_eval(resolved, sets, flags)
+    print_report(report)
+    for path in write_report(report, args.out):
+        print(f"wrote {path}")
+    print(json.dumps(flat_metrics(report)))
     return 0
+
+
+def _default_template(target) -> str:
+    """The run's prompt template; for a Hugging Face model, `chat` when its tokenizer has a chat template."""
+    if not target.hf_only:
+        return (target.cfg.data.eval or target.cfg.data.train).template
+    from dapo_jax.training.loop import load_tokenizer
+
+    return "chat" if getattr(load_tokenizer(target.cfg), "chat_template", None) else "raw"
 
 
 def cmd_export(args) -> int:
@@ -109,8 +115,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("items", nargs="*", metavar="[CONFIG.yaml] key.sub=value",
                    help="a config file (default configs/tiny_dapo.yaml) then dotted overrides")
     p.set_defaults(fn=cmd_train)
-    p = sub.add_parser("eval", help="avg@k, pass@k, maj@k of a run's newest checkpoint (or a config's base model)")
-    p.add_argument("items", nargs="+", metavar="CONFIG_OR_RUN_DIR [key.sub=value]")
+    p = sub.add_parser("eval", help="avg@k, pass@k, maj@k of a base model or a run's checkpoint on data sets",
+                       description="Evaluates a Hugging Face model directory, a run (its newest checkpoint or "
+                       "--checkpoint STEP; 0 = its base model) or a run config on the run's held-out set or on "
+                       "--data files; prints a table, writes a results JSON and the samples of every problem.")
+    p.add_argument("items", nargs="*", metavar="[RUN_DIR|CONFIG] [key.sub=value]",
+                   help="the old form: a run dir or config, then dotted config overrides (also allowed with --model)")
+    p.add_argument("--model", help="a run dir, RUN_DIR/checkpoints/STEP, a run config, or a Hugging Face model dir")
+    p.add_argument("--checkpoint", type=int, help="the run's checkpoint step (default: the newest; 0 = base model)")
+    p.add_argument("--data", nargs="+", action="extend", metavar="[NAME=]PATH",
+                   help="data files (GSM8K, MATH-500, AIME, AMC23, DAPO-Math, ...); default: the run's data.eval")
+    p.add_argument("--format", help="the data's row format when its name/path does not tell (gsm8k, math500, aime, "
+                   "amc, dapo_math, custom, ...)")
+    p.add_argument("--template", choices=["raw", "dapo", "chat", "dapo_chat"],
+                   help="prompt template for --data (default: the run's; a HF model: chat if it has a chat template)")
+    p.add_argument("--reward", help="the reward that judges responses (default: the format's, see README)")
+    p.add_argument("--k", type=int, help="samples per problem (default: the run's train.eval_k)")
+    p.add_argument("--temperature", type=float, help="0 = greedy (default: the run's train.eval_temperature)")
+    p.add_argument("--top-p", dest="top_p", type=float)
+    p.add_argument("--top-k", dest="top_k", type=int)
+    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
+    p.add_argument("--max-prompt-length", dest="max_prompt_length", type=int,
+                   help="default: the run's for its own set; the longest prompt for --data")
+    p.add_argument("--batch-size", dest="batch_size", type=int, help="prompts per batch (default: rollout.gen_batch)")
+    p.add_argument("--seed", type=int, help="default: the run's train.seed (the same key as its evaluation)")
+    p.add_argument("--limit", type=int, help="the first N problems of each set")
+    p.add_argument("--out", help="results JSON (default RUN_DIR/eval/step_N.json or eval_results/MODEL.json); "
+                   "samples go beside it as OUT.NAME.samples.jsonl")
     p.set_defaults(fn=cmd_eval)
     p = sub.add_parser("export", help="write a checkpoint as a Hugging Face model directory with its tokenizer")
     p.add_argument("checkpoint", help="a run dir, its checkpoints/ folder, or checkpoints/STEP")

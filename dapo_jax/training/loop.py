@@ -28,7 +28,7 @@ from dapo_jax.parallel.host import to_global, to_host
 from dapo_jax.training import sources
 from dapo_jax.training.checkpoint import Checkpointer, CheckpointUnreadableError
 from dapo_jax.training.config import ConfigError, RunConfig, resolve_path
-from dapo_jax.training.evaluate import evaluate
+from dapo_jax.training.evaluate import eval_key, evaluate
 from dapo_jax.training.guards import NonFiniteMonitor, Preempted, Preemption
 from dapo_jax.training.metrics import MetricsWriter, compile_count
 from dapo_jax.training.rollout import Groups, collect_groups
@@ -192,7 +192,7 @@ def train(cfg: RunConfig) -> dict:
                 return generate_eval(params, *to_global((ids, mask), batch_sharding(mesh)), k)
 
             res = evaluate(sharded_generate, state.params, eval_stream, tokenizer=tokenizer, scorer=scorer,
-                           key=jax.random.fold_in(key, 10_000_019), batch_size=r.gen_batch,
+                           key=eval_key(key), batch_size=r.gen_batch,
                            k=cfg.train.eval_k, limit=cfg.data.eval_size)
             res["eval/time_s"] = time.perf_counter() - t0
             writer.write(step, {**res, "compilations": compile_count()})
