@@ -1,9 +1,10 @@
-"""`dapo-jax`: train, evaluate, export and plot.
+"""`dapo-jax`: train, evaluate, export, show rollouts and plot.
 
     dapo-jax train [CONFIG.yaml] [key.sub=value ...]   # no config = configs/tiny_dapo.yaml; rerun = resume
     dapo-jax eval --model RUN_OR_HF_DIR [--data F ...]  # avg@k, pass@k, maj@k; table + results JSON + samples
     dapo-jax eval RUN_DIR [key.sub=value ...]           # the same, old form: the run's newest checkpoint
     dapo-jax export CHECKPOINT OUT_DIR                  # Hugging Face model + tokenizer
+    dapo-jax show RUN_DIR [STEP]                        # the logged rollouts: prompts, responses, rewards
     dapo-jax plot RUN_DIR                               # PNG curves into RUN_DIR/plots
 """
 
@@ -100,6 +101,13 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_show(args) -> int:
+    from dapo_jax.show import show_rollouts
+
+    show_rollouts(args.run_dir, args.step, groups=args.groups, width=args.width, plain=args.plain or None)
+    return 0
+
+
 def cmd_plot(args) -> int:
     from dapo_jax.plot import plot_run
 
@@ -147,6 +155,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="a run dir, its checkpoints/ folder, or checkpoints/STEP")
     p.add_argument("out_dir")
     p.set_defaults(fn=cmd_export)
+    p = sub.add_parser("show", help="what the model wrote: a step's logged rollouts with rewards and advantages")
+    p.add_argument("run_dir")
+    p.add_argument("step", nargs="?", type=int, help="a logged step (default: the newest; see RUN_DIR/rollouts/)")
+    p.add_argument("--groups", type=int, help="show only the first N groups")
+    p.add_argument("--width", type=int, default=300, help="cut texts to N characters (0 = whole)")
+    p.add_argument("--plain", action="store_true", help="plain text even when rich is installed")
+    p.set_defaults(fn=cmd_show)
     p = sub.add_parser("plot", help="PNG curves of a run's metrics.jsonl")
     p.add_argument("run_dir")
     p.add_argument("--out", default=None, help="output folder (default RUN_DIR/plots)")

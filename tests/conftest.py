@@ -31,3 +31,19 @@ def shared_path(*parts: str) -> Path:
 @pytest.fixture
 def shared():
     return shared_path
+
+
+@pytest.fixture(scope="session")
+def tiny_dapo_run(tmp_path_factory):
+    """`(run_dir, final metrics)` of two DAPO steps of the embedded model (it answers about a third
+    right, so groups have spread and accuracies are not all 0), logging rollouts at both steps."""
+    from dapo_jax.training.config import load_config
+    from dapo_jax.training.loop import train
+
+    run_dir = tmp_path_factory.mktemp("tiny_dapo_run") / "run"
+    cfg = load_config(None, [f"train.run_dir={run_dir}", "train.steps=2", "rollout.G=4", "rollout.train_batch=4",
+                             "rollout.gen_batch=8", "rollout.max_gen_batches=2", "data.eval_size=24",
+                             "optim.num_minibatches=1", "train.eval_k=2", "train.checkpoint_every=0",
+                             "train.eval_every=0", "train.rollouts_every=2", "train.rollouts_sample=6",
+                             "train.progress=false", "train.tensorboard=false"])
+    return run_dir, train(cfg)

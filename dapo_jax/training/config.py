@@ -134,6 +134,8 @@ class TrainSection(_Section):
     run_dir: str = "runs/tiny_dapo"
     progress: bool = True
     tensorboard: bool = True
+    rollouts_every: int = Field(default=50, ge=0)  # RUN_DIR/rollouts/STEP.jsonl every N steps (and the first); 0 = never
+    rollouts_sample: int = Field(default=16, gt=0)  # groups (prompts, with all their responses) per logged step
     max_nonfinite_steps: int = Field(default=3, gt=0)  # this many steps in a row with a non-finite update stop the run
     fresh_start: bool = False  # when every checkpoint in run_dir is unreadable: start over instead of failing
 

@@ -32,6 +32,7 @@ from dapo_jax.training.evaluate import eval_key, evaluate
 from dapo_jax.training.guards import NonFiniteMonitor, Preempted, Preemption
 from dapo_jax.training.metrics import MetricsWriter, compile_count
 from dapo_jax.training.rollout import Groups, collect_groups
+from dapo_jax.training.rollout_log import RolloutLog
 from dapo_jax.training.run_dir import RunDir
 from dapo_jax.training.train_step import Batch, TrainState, init_train_state, make_logprob_fn, make_optimizer, make_train_step
 
@@ -179,6 +180,8 @@ def train(cfg: RunConfig) -> dict:
         run_dir.save_config()  # the run really starts here
         writer = MetricsWriter(run_dir.path, tensorboard=cfg.train.tensorboard, enabled=main)
         cleanup.callback(writer.close)
+        rollouts = RolloutLog(run_dir.path, every=cfg.train.rollouts_every, sample=cfg.train.rollouts_sample,
+                              tokenizer=tokenizer, enabled=main)  # what the model wrote: `dapo-jax show`
         key = jnp.asarray(run.rng, jnp.uint32)  # a raw PRNGKey; every use folds in (step, round)
         monitor = NonFiniteMonitor(cfg.train.max_nonfinite_steps, lambda: max(ckpt.all_steps(), default=None))
         counters = lambda: {"steps_skipped": run.steps_skipped,  # noqa: E731
@@ -226,7 +229,7 @@ def train(cfg: RunConfig) -> dict:
             step = run.step + 1
             t0 = time.perf_counter()
             groups, stats, run.carry = collect_groups(
-                lambda i: sample_round(step, i), keep if objective.dynamic_sampling else None,
+                *rollouts.watch(step, lambda i: sample_round(step, i), keep if objective.dynamic_sampling else None),
                 train_batch=r.train_batch, max_gen_batches=r.max_gen_batches, on_starvation=r.on_starvation,
                 carry=run.carry, carry_surplus=r.carry_surplus,
             )
@@ -244,6 +247,7 @@ def train(cfg: RunConfig) -> dict:
                 warnings.warn(f"step {step}: dynamic sampling kept no group in {r.max_gen_batches} generation "
                               f"rounds; the update is skipped ({run.steps_skipped} skipped so far)", RuntimeWarning)
             t2 = time.perf_counter()
+            rollouts.write(step, groups, batch.advantages if groups.valid.any() else None)
             run.step = step
             row = {**stats, **m, **counters(),
                    "rollout_tokens_per_s": stats.get("rollout_tokens", 0.0) / max(t1 - t0, 1e-9),

@@ -8,23 +8,14 @@ import pytest
 
 from dapo_jax.cli import main
 from dapo_jax.evaluation.run import EvalFlags, resolve_target, run_eval
-from dapo_jax.training.config import REPO_ROOT, ConfigError, load_config
-from dapo_jax.training.loop import train
+from dapo_jax.training.config import REPO_ROOT, ConfigError
 
 TINY_BASE = REPO_ROOT / "dapo_jax" / "assets" / "tiny_base"
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    """Two DAPO steps of the embedded model (it answers about a third right, so accuracies are not all 0)."""
-    run_dir = tmp_path_factory.mktemp("evalrun") / "run"
-    cfg = load_config(None, [f"train.run_dir={run_dir}", "train.steps=1", "rollout.G=4", "rollout.train_batch=4",
-                             "rollout.gen_batch=8", "rollout.max_gen_batches=2", "data.eval_size=24",
-                             "optim.num_minibatches=1", "objective.dynamic_sampling=false",
-                             "train.eval_k=2", "train.checkpoint_every=0", "train.eval_every=0",
-                             "train.progress=false", "train.tensorboard=false"])
-    final = train(cfg)
-    return run_dir, final
+def tiny_run(tiny_dapo_run):
+    return tiny_dapo_run
 
 
 def test_eval_of_the_last_checkpoint_reproduces_the_final_eval_exactly(tiny_run, capsys):
@@ -33,12 +24,12 @@ def test_eval_of_the_last_checkpoint_reproduces_the_final_eval_exactly(tiny_run,
     assert main(["eval", "--model", str(run_dir)]) == 0
     out = capsys.readouterr().out
     flat = json.loads(out.strip().splitlines()[-1])
-    assert flat["step"] == 1 and 0 < final["eval/accuracy"] < 1
+    assert flat["step"] == 2 and 0 < final["eval/accuracy"] < 1
     for key in ("eval/accuracy", "eval/avg@2", "eval/pass@2", "eval/maj@2", "eval/problems"):
         assert flat[key] == final[key], key
     assert "reproduced exactly" in out
-    results = json.loads((run_dir / "eval" / "step_1.json").read_text())
-    assert results["training_eval"] == {"step": 1, "accuracy": final["eval/accuracy"], "differs": [],
+    results = json.loads((run_dir / "eval" / "step_2.json").read_text())
+    assert results["training_eval"] == {"step": 2, "accuracy": final["eval/accuracy"], "differs": [],
                                         "reproduced": True}
     samples = [json.loads(line) for line in Path(results["samples"]["eval"]).read_text().splitlines()]
     assert len(samples) == 24 and all(len(s["responses"]) == 2 for s in samples)
@@ -106,9 +97,9 @@ def test_target_errors(tmp_path, tiny_run):
     run_dir, _ = tiny_run
     with pytest.raises(ConfigError, match="not a run directory"):
         resolve_target(tmp_path)
-    with pytest.raises(FileNotFoundError, match=r"no checkpoint 7 .*there are \[1\]"):
+    with pytest.raises(FileNotFoundError, match=r"no checkpoint 7 .*there are \[2\]"):
         resolve_target(run_dir, checkpoint=7)
     with pytest.raises(ConfigError, match="Hugging Face model, not a run dir"):
         resolve_target(TINY_BASE, checkpoint=3)
-    assert resolve_target(run_dir / "checkpoints" / "1").checkpoint == run_dir / "checkpoints" / "1"
+    assert resolve_target(run_dir / "checkpoints" / "2").checkpoint == run_dir / "checkpoints" / "2"
     assert main(["eval"]) == 2  # neither a positional target nor --model
