@@ -121,6 +121,17 @@ class MeshSection(_Section):
     distributed: DistributedSection | None = None
 
 
+class WandbSection(_Section):
+    """Weights & Biases settings, used when `train.loggers` lists `wandb` (see dapo_jax.training.loggers)."""
+
+    project: str = "dapo-jax"
+    entity: str | None = None
+    name: str | None = None  # None = the run dir's name
+    group: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    mode: Literal["online", "offline", "disabled"] | None = None  # None = WANDB_MODE from the environment, else online
+
+
 class TrainSection(_Section):
     steps: int = Field(default=10, ge=0)
     seed: int = 0
@@ -133,11 +144,20 @@ class TrainSection(_Section):
     keep_checkpoints: int = Field(default=2, gt=0)
     run_dir: str = "runs/tiny_dapo"
     progress: bool = True
-    tensorboard: bool = True
+    tensorboard: bool = True  # the older switch, read only when `loggers` is not set
+    loggers: list[Literal["tensorboard", "wandb"]] | None = None  # None = [tensorboard] if tensorboard else []
+    wandb: WandbSection = WandbSection()
     rollouts_every: int = Field(default=50, ge=0)  # RUN_DIR/rollouts/STEP.jsonl every N steps (and the first); 0 = never
     rollouts_sample: int = Field(default=16, gt=0)  # groups (prompts, with all their responses) per logged step
     max_nonfinite_steps: int = Field(default=3, gt=0)  # this many steps in a row with a non-finite update stop the run
     fresh_start: bool = False  # when every checkpoint in run_dir is unreadable: start over instead of failing
+
+    @property
+    def active_loggers(self) -> tuple[str, ...]:
+        """Where metrics go besides metrics.jsonl: `loggers` when set, else TensorBoard if `tensorboard`."""
+        if self.loggers is not None:
+            return tuple(dict.fromkeys(self.loggers))
+        return ("tensorboard",) if self.tensorboard else ()
 
 
 class RewardFunction(_Section):

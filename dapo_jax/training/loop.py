@@ -30,6 +30,7 @@ from dapo_jax.training.checkpoint import Checkpointer, CheckpointUnreadableError
 from dapo_jax.training.config import ConfigError, RunConfig, resolve_path
 from dapo_jax.training.evaluate import eval_key, evaluate
 from dapo_jax.training.guards import NonFiniteMonitor, Preempted, Preemption
+from dapo_jax.training.loggers import make_loggers
 from dapo_jax.training.metrics import MetricsWriter, compile_count
 from dapo_jax.training.rollout import Groups, collect_groups
 from dapo_jax.training.rollout_log import RolloutLog
@@ -178,7 +179,7 @@ def train(cfg: RunConfig) -> dict:
         cleanup.callback(ckpt.close)  # however the run ends, a started save completes
         state, run = _restore(cfg, ckpt, state, stream, say)
         run_dir.save_config()  # the run really starts here
-        writer = MetricsWriter(run_dir.path, tensorboard=cfg.train.tensorboard, enabled=main)
+        writer = MetricsWriter(run_dir.path, loggers=make_loggers(cfg, run_dir.path) if main else [], enabled=main)
         cleanup.callback(writer.close)
         rollouts = RolloutLog(run_dir.path, every=cfg.train.rollouts_every, sample=cfg.train.rollouts_sample,
                               tokenizer=tokenizer, enabled=main)  # what the model wrote: `dapo-jax show`

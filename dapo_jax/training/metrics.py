@@ -1,6 +1,6 @@
-"""Per-step metrics: one JSON object per line in RUN_DIR/metrics.jsonl, the same to TensorBoard.
+"""Per-step metrics: one JSON object per line in RUN_DIR/metrics.jsonl, the same to TensorBoard / W&B.
 
-    writer = MetricsWriter(run_dir, tensorboard=True)
+    writer = MetricsWriter(run_dir, loggers=make_loggers(cfg, run_dir))   # or tensorboard=True
     writer.write(step, {"reward_mean": 0.1, ...})      # appended and flushed at once
     compile_count()                                    # XLA compilations in this process so far
 
@@ -54,22 +54,25 @@ def _plain(value):
 
 
 class MetricsWriter:
-    """Appends `{"step": s, **metrics}` lines to metrics.jsonl and scalars to TensorBoard."""
+    """Appends `{"step": s, **metrics}` lines to metrics.jsonl and the finite scalars to the loggers."""
 
-    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, enabled: bool = True):
-        """`enabled=False` (every process but 0 of a multi-process run) writes nothing at all."""
+    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, enabled: bool = True,
+                 loggers: list | None = None):
+        """`enabled=False` (every process but 0 of a multi-process run) writes nothing at all.
+        `loggers` (`dapo_jax.training.loggers`): None = TensorBoard if `tensorboard`."""
         self.path = Path(run_dir) / "metrics.jsonl"
         self.enabled = enabled
         self._file = None
-        self._tb = None
+        self._loggers = []
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", buffering=1)
-        if tensorboard:
-            from tensorboardX import SummaryWriter
+        if loggers is None:
+            from dapo_jax.training.loggers import TensorBoardLogger
 
-            self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"), flush_secs=10)
+            loggers = [TensorBoardLogger(run_dir)] if tensorboard else []
+        self._loggers = list(loggers)
 
     def write(self, step: int, metrics: dict) -> dict:
         row = {"step": int(step), **{k: _plain(v) for k, v in metrics.items()}}
@@ -77,17 +80,18 @@ class MetricsWriter:
             return row
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
-        if self._tb is not None:
-            for k, v in row.items():
-                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                    self._tb.add_scalar(k, v, int(step))
+        if self._loggers:
+            from dapo_jax.training.loggers import scalars
+
+            for logger in self._loggers:
+                logger.log(int(step), scalars(row))
         return row
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
-        if self._tb is not None:
-            self._tb.close()
+        for logger in self._loggers:
+            logger.close()
 
 
 def read_metrics(run_dir_or_file: str | Path) -> list[dict]:

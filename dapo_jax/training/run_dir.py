@@ -26,7 +26,7 @@ from dapo_jax.training.config import ConfigError, RunConfig, save_config
 # Keys that may change between a run and its resume (they do not change the trajectory).
 RESUMABLE_KEYS = {"train.steps", "train.progress", "train.tensorboard", "train.eval_every",
                   "train.checkpoint_every", "train.keep_checkpoints", "train.run_dir", "train.fresh_start",
-                  "train.max_nonfinite_steps", "train.rollouts_every", "train.rollouts_sample"}
+                  "train.max_nonfinite_steps", "train.rollouts_every", "train.rollouts_sample", "train.loggers"}
 
 
 class RunDir:
@@ -79,7 +79,7 @@ class RunDir:
 
 
 def _resumable(key: str) -> bool:
-    return (key in RESUMABLE_KEYS or key.startswith(("data.eval.", "train.eval_"))
+    return (key in RESUMABLE_KEYS or key.startswith(("data.eval.", "train.eval_", "train.wandb"))
             or key in ("data.eval", "data.eval_size"))
 
 
