@@ -262,8 +262,42 @@ def parse_overrides(overrides: list[str] | tuple[str, ...]) -> list[tuple[str, A
     return parsed
 
 
+BUILT_IN_TASKS = ("synthetic", "cot")  # data sources generated in code; `options` are theirs alone
+_PATH_KEYS = (("model", "path"), ("data", "train", "name"), ("data", "eval", "name"))
+
+
+def _anchor_paths(data: dict, config_dir: Path) -> None:
+    """A relative model/data path written in a config file means a path beside that file when one
+    exists there (made absolute, so the run dir's copy of the config still finds it); otherwise it
+    stays as written and `resolve_path` looks in the working directory, then the repository root."""
+    for keys in _PATH_KEYS:
+        node = data
+        for k in keys[:-1]:
+            node = node.get(k) if isinstance(node, dict) else None
+        value = node.get(keys[-1]) if isinstance(node, dict) else None
+        if not isinstance(value, str) or value in BUILT_IN_TASKS or Path(value).expanduser().is_absolute():
+            continue
+        beside = config_dir / value
+        if beside.exists():
+            node[keys[-1]] = str(beside.resolve())
+
+
+def _drop_stale_options(data: dict, overridden: set[str]) -> None:
+    """An override that points `data.X.name` at a file drops the config file's `data.X.options`
+    (they belong to the built-in task it replaces), unless the options are overridden too."""
+    for src in ("train", "eval"):
+        node = (data.get("data") or {}).get(src)
+        if (f"data.{src}.name" in overridden and f"data.{src}.options" not in overridden
+                and isinstance(node, dict) and node.get("name") not in BUILT_IN_TASKS):
+            node.pop("options", None)
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Reads `path` (None = the embedded default), applies dotted overrides, validates everything."""
+    """Reads `path` (None = the embedded default), applies dotted overrides, validates everything.
+
+    Relative paths in the file are looked up beside the file first (`_anchor_paths`); relative paths
+    in overrides are relative to the working directory, as typed in a shell.
+    """
     path = Path(path) if path is not None else DEFAULT_CONFIG
     if path.is_dir():
         path = path / "config.yaml"
@@ -275,8 +309,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         raise ConfigError(f"{path}: not valid YAML: {e}") from e
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(data).__name__}")
-    for key, value in parse_overrides(overrides):
+    _anchor_paths(data, path.resolve().parent)
+    parsed = parse_overrides(overrides)
+    for key, value in parsed:
         _set_dotted(data, key, value, str(path))
+    _drop_stale_options(data, {key for key, _ in parsed})
     return config_from_dict(data, source=str(path))
 
 

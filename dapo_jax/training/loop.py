@@ -57,7 +57,8 @@ def build_mesh(cfg: RunConfig):
 def _model_path(cfg: RunConfig):
     path = resolve_path(cfg.model.path)
     if not (path / "config.json").exists():
-        raise ConfigError(f"model.path: no Hugging Face checkpoint (config.json) at {path}")
+        raise ConfigError(f"model.path: no Hugging Face checkpoint (config.json) at {path}: download one beside its "
+                          f"tokenizer files (README, 'Bring your own model and data') or set model.path=DIR")
     return path
 
 

@@ -15,8 +15,10 @@ from typing import Callable
 
 import numpy as np
 
-from dapo_jax.data.datasets import DataError, Problem, load_problems, to_problems
-from dapo_jax.training.config import resolve_path
+from pathlib import Path
+
+from dapo_jax.data.datasets import FORMATS, DataError, Problem, load_problems, to_problems
+from dapo_jax.training.config import BUILT_IN_TASKS, REPO_ROOT, resolve_path
 
 __all__ = ["DataError", "load_source", "make_stream", "decode_responses", "make_scorer", "make_data"]
 
@@ -24,7 +26,7 @@ __all__ = ["DataError", "load_source", "make_stream", "decode_responses", "make_
 def load_source(source, *, seed: int = 0) -> list[Problem]:
     """The problems of one configured source (a built-in task: `synthetic` or `cot`, a file, a folder
     or a hub name)."""
-    if source.name in ("synthetic", "cot"):
+    if source.name in BUILT_IN_TASKS:
         from dapo_jax.data.cot import cot_rows
         from dapo_jax.data.synthetic import synthetic_rows
 
@@ -37,10 +39,24 @@ def load_source(source, *, seed: int = 0) -> list[Problem]:
         problems = to_problems(rows, "synthetic", source=source.name)
     else:
         if source.options:
-            raise DataError(f"data source {source.name!r}: options are only for the built-in tasks (synthetic, cot)")
+            raise DataError(f"data source {source.name!r}: options={source.options} are settings of the built-in tasks "
+                            f"{BUILT_IN_TASKS}, not of a file: remove them (override data.train.options={{}} or "
+                            f"data.eval.options={{}})")
         path = resolve_path(source.name)
-        problems = load_problems(path if path.exists() else source.name, format=source.format, split=source.split,
-                                 problem_field=source.prompt_field, answer_field=source.answer_field)
+        looks_local = path.suffix in (".jsonl", ".json", ".parquet", ".csv") or source.name.startswith((".", "/"))
+        if looks_local and not path.exists():
+            raise DataError(f"data file {source.name}: no such file (looked in {Path.cwd()} and {REPO_ROOT}; a "
+                            f"relative path in a config file is also looked up beside the file): download it (README, "
+                            f"'Bring your own model and data') or point data.train.name / data.eval.name at it")
+        try:
+            problems = load_problems(path if path.exists() else source.name, format=source.format,
+                                     split=source.split, problem_field=source.prompt_field,
+                                     answer_field=source.answer_field)
+        except DataError as e:
+            if source.format != "synthetic":
+                raise
+            raise DataError(f"{e} (the format is 'synthetic', the built-in task's: set the file's own, e.g. "
+                            f"data.train.format=gsm8k; known: {sorted(FORMATS)})") from e
     if source.limit:
         problems = problems[: source.limit]
     if not problems:

@@ -90,3 +90,46 @@ def test_saved_config_reloads(tmp_path):
     again = load_config(tmp_path)  # a run dir loads its config.yaml
     assert again.objective_config == cfg.objective_config and again.model_dump() == cfg.model_dump() | {
         "objective": again.model_dump()["objective"]}
+
+
+def test_relative_paths_in_a_config_file_resolve_beside_it(tmp_path, monkeypatch):
+    (tmp_path / "exp" / "data").mkdir(parents=True)
+    (tmp_path / "exp" / "data" / "train.jsonl").write_text("{}\n")
+    (tmp_path / "exp" / "run.yaml").write_text(
+        "data:\n  train: {name: data/train.jsonl, format: gsm8k}\n  eval: {name: data/missing.jsonl, format: gsm8k}\n"
+        "objective: {name: dapo, overlong_buffer: 4}\n")
+    monkeypatch.chdir(tmp_path)  # somewhere else: the file's own directory still anchors its paths
+    cfg = load_config(tmp_path / "exp" / "run.yaml")
+    assert cfg.data.train.name == str((tmp_path / "exp" / "data" / "train.jsonl").resolve())
+    assert cfg.data.eval.name == "data/missing.jsonl"  # not beside the file: left to the working dir / checkout
+    assert cfg.model.path == "dapo_jax/assets/tiny_base"  # found in the checkout, as before
+    # Overrides are relative to the working directory, as typed in a shell.
+    assert load_config(tmp_path / "exp" / "run.yaml", ["data.train.name=data/x.jsonl"]).data.train.name == "data/x.jsonl"
+
+
+def test_pointing_the_default_config_at_a_file_drops_the_tasks_options():
+    cfg = load_config(None, ["data.train.name=gsm8k/train.jsonl", "data.train.format=gsm8k"])
+    assert cfg.data.train.options == {} and cfg.data.eval.options  # only the overridden source changes
+    kept = load_config(None, ["data.train.name=synthetic", "data.train.options={max_operand: 9}"])
+    assert kept.data.train.options == {"max_operand": 9}
+
+
+def test_gsm8k_recipe_runs_its_data_checks_on_real_gsm8k(shared):
+    """The recipe with GSM8K and the Qwen2.5 tokenizer: every prompt fits, the reward scores the answers."""
+    from dapo_jax.models.hf_io import load_tokenizer
+    from dapo_jax.training.sources import make_data
+
+    cfg = load_config(CONFIG_DIR / "qwen2.5-0.5b-gsm8k-dapo.yaml",
+                      [f"data.train.name={shared('data', 'gsm8k', 'train.jsonl')}",
+                       f"data.eval.name={shared('data', 'gsm8k', 'test.jsonl')}"])
+    stream, eval_stream, _ = make_data(cfg, load_tokenizer(shared("tokenizers", "qwen2.5")), cfg.objective_config)
+    assert len(stream) + stream.num_skipped == 7473 and stream.num_skipped < 10
+    assert len(eval_stream) == 1319 and "<|im_start|>user" in eval_stream.examples[0].text
+
+
+def test_gsm8k_recipe_without_downloads_says_what_to_do():
+    from dapo_jax.training.sources import DataError, load_source
+
+    cfg = load_config(CONFIG_DIR / "qwen2.5-0.5b-gsm8k-dapo.yaml")
+    with pytest.raises(DataError, match=r"data/gsm8k/train.jsonl: no such file .*Bring your own model and data"):
+        load_source(cfg.data.train)

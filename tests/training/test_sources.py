@@ -62,3 +62,12 @@ def test_decode_drops_padding_and_eos():
     ids = np.array([TOK.encode("42", add_special_tokens=False) + [TOK.eos_token_id, TOK.pad_token_id]])
     mask = np.array([[1, 1, 1, 0]])
     assert decode_responses(TOK, ids, mask) == ["42"]
+
+
+def test_a_file_with_a_built_in_tasks_settings_says_which_to_change(tmp_path):
+    path = tmp_path / "g.jsonl"
+    path.write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n")
+    with pytest.raises(DataError, match=r"options=\{'max_operand': 9\}.*data.train.options=\{\}"):
+        load_source(SourceSection(name=str(path), format="gsm8k", options={"max_operand": 9}))
+    with pytest.raises(DataError, match="format is 'synthetic'.*data.train.format=gsm8k"):
+        load_source(SourceSection(name=str(path), format="synthetic"))
