@@ -46,6 +46,7 @@ SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 _FLOAT_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "F64": np.float64}
 _ALWAYS_IGNORED = re.compile(r".*rotary_emb\.inv_freq")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
 
 class CheckpointError(ValueError):
@@ -205,9 +206,16 @@ def _load_tensor(f: _SafetensorsFile, name: str, path: tuple, abstract: jax.Shap
 
 
 def load_tokenizer(path: str | os.PathLike):
-    """``transformers.AutoTokenizer`` from ``path`` (never remote code)."""
+    """``transformers.AutoTokenizer`` from ``path`` (never remote code).
+
+    A folder with no vocabulary file is refused: ``transformers`` would otherwise build an empty
+    tokenizer from ``config.json`` alone, and every prompt would encode to nothing."""
     from transformers import AutoTokenizer
 
+    root = Path(path)
+    if root.is_dir() and not any((root / f).exists() for f in _TOKENIZER_FILES):
+        raise CheckpointError(f"no tokenizer in {root} (none of {', '.join(_TOKENIZER_FILES)}): the tokenizer files "
+                              f"must sit beside config.json and the weights; copy them from the model's download")
     try:
         return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except (OSError, ValueError) as e:

@@ -295,3 +295,10 @@ def test_error_missing_config_field(checkpoint):
 def test_error_tokenizer_path(tmp_path):
     with pytest.raises(CheckpointError, match=str(tmp_path)):
         load_tokenizer(tmp_path)
+
+
+def test_a_model_folder_without_tokenizer_files_is_refused(tmp_path):
+    # transformers would build an empty tokenizer from config.json alone: every prompt would encode to nothing
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    with pytest.raises(CheckpointError, match="must sit beside config.json and the weights"):
+        load_tokenizer(tmp_path)
