@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from dapo_jax.training.config import CONFIG_DIR, ConfigError, load_config
+from dapo_jax.training.config import CONFIG_DIR, ConfigError, RunConfig, load_config
 from dapo_jax.training.rollout import StarvationError
 from dapo_jax.training.sources import DataError
 
@@ -53,6 +53,10 @@ def cmd_eval(args) -> int:
     from dapo_jax.evaluation.sets import parse_data
 
     target, overrides = _split_config_and_overrides(args.items)
+    # `--data a.jsonl model.dtype=bfloat16`: the greedy --data list took a config override; give it back
+    sections = tuple(f"{name}." for name in RunConfig.model_fields)
+    overrides += [d for d in args.data or [] if d.split("=", 1)[0].startswith(sections)]
+    args.data = [d for d in args.data or [] if not d.split("=", 1)[0].startswith(sections)]
     if (target is None) == (args.model is None):
         raise ConfigError("eval: name one model: --model PATH (a run dir, a checkpoint, a config or a Hugging Face "
                           "model dir), or the old positional form `dapo-jax eval RUN_DIR [key=value ...]`")
