@@ -22,7 +22,8 @@ generation batch is the training batch for all rows, so a row without dynamic sa
 everything it generates, and rows with it refill in as many rounds as CONFIG's generation budget
 allows (`gen_batch * max_gen_batches` prompts per step).
 
-A rerun of the same command skips finished runs and resumes unfinished ones from their newest
+Compiled programs are cached in RUNS_DIR/.jax_cache and shared by the rows (most of a short run's
+time is compilation otherwise). A rerun of the same command skips finished runs and resumes unfinished ones from their newest
 checkpoint (a 90-minute ladder is restartable). It then writes a markdown report (mean ± sd over
 seeds; command, machine, date) to --out and figures in the spirit of DAPO's Figures 2-6 to
 docs/figures/ablation_*.png (beside --out). `--quick`: one seed and a tenth of CONFIG's steps
@@ -470,7 +471,8 @@ Mean ± sd (sample sd) over seeds. Held-out accuracy is avg@k at the final step 
 evaluation). Target accuracy: **{"none" if target is None else f"{target:.3f}"}** (default: the mean
 step-0 accuracy + 0.2); "steps/samples to target" are those of the first evaluation at or above it
 (samples = generated responses, Σ generated groups × G, kept or not), averaged over the seeds that
-reached it ("k/n" when not all did). Wall time includes compilation and evaluation.
+reached it ("k/n" when not all did). Wall time includes evaluation and compilation (a program an
+earlier row compiled comes from RUNS_DIR/.jax_cache, so the first row pays the most).
 
 {markdown_table(rows, summaries, OUTCOME_COLUMNS)}
 
@@ -521,6 +523,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--runs-dir", type=Path, default=None, help="default: runs/ablate (runs/ablate_quick with --quick)")
     ap.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override for every row (repeatable), e.g. --set data.eval_size=200")
+    ap.add_argument("--no-compile-cache", action="store_true",
+                    help="do not cache compiled programs in RUNS_DIR/.jax_cache (a process-wide JAX setting)")
     ap.add_argument("--report-only", action="store_true", help="train nothing: tables and figures from the runs there")
     args = ap.parse_args(argv)
     if args.seeds < 1:
@@ -555,6 +559,13 @@ def main(argv=None) -> int:
         load_config(config, run_overrides(plan, row, plan.seeds[0]))
     print(f"[ablate] {config}: {len(rows)} rows x {len(plan.seeds)} seed(s), {steps} steps each, "
           f"eval every {plan.eval_every}, runs in {runs_dir}", flush=True)
+    if not args.no_compile_cache:
+        # Rows share most programs (the samplers, and the update wherever the objective's static
+        # fields agree): XLA's persistent cache compiles each once for the whole ladder.
+        import jax
+
+        jax.config.update("jax_compilation_cache_dir", str(runs_dir / ".jax_cache"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     failed = [] if args.report_only else run_all(plan, rows)
 
     summaries, runs, target, missing = summarize_all(plan, rows, args.target)

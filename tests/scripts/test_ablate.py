@@ -183,7 +183,8 @@ def test_script_end_to_end_two_steps_and_a_rerun_skips(tmp_path, monkeypatch):
     """One row (full DAPO: dynamic sampling on, the path with refill rounds), 2 steps."""
     out = tmp_path / "docs" / "ablation.md"
     argv = [str(TINY), "--steps", "2", "--eval-every", "1", "--seeds", "1", "--rows", "dapo",
-            "--out", str(out), "--runs-dir", str(tmp_path / "runs"), "--set", "data.eval_size=32"]
+            "--out", str(out), "--runs-dir", str(tmp_path / "runs"), "--set", "data.eval_size=32",
+            "--no-compile-cache"]  # the cache is a process-wide setting: leave the other tests' alone
     assert ablate.main(argv) == 0
     for key in ("dapo",):
         run = tmp_path / "runs" / key / "seed0"
@@ -228,7 +229,7 @@ def test_a_failed_run_is_reported_and_the_others_go_on(tmp_path, monkeypatch):
     monkeypatch.setattr(loop, "train", fake_train)
     out = tmp_path / "ablation.md"
     argv = [str(TINY), "--steps", "4", "--seeds", "2", "--rows", "grpo,dapo,clip", "--out", str(out),
-            "--runs-dir", str(tmp_path / "runs")]
+            "--runs-dir", str(tmp_path / "runs"), "--no-compile-cache"]
     assert ablate.main(argv) == 1
     assert trained == ["grpo", "grpo", "clip", "clip", "dapo", "dapo"]  # ladder order, every seed
     text = out.read_text()
