@@ -118,17 +118,15 @@ def _wide_truncation_mask(logprobs: jax.Array, k: int, top_p: float) -> jax.Arra
 
 
 def _in_row_blocks(fn, *arrays: jax.Array) -> jax.Array:
-    """`fn(*arrays) -> [..., 1]` for arrays `[..., V]`, walking over blocks of rows with `lax.map` when
-    they are large, on a CPU (see `_BLOCK_ENTRIES`). Block j holds rows j, j + n, j + 2n, ... (n
-    blocks), so a batch sharded over devices can stay sharded."""
+    """`fn(*arrays) -> [..., 1]` for arrays `[..., V]`, walking over blocks of consecutive rows with
+    `lax.map` when they are large, on a CPU (see `_BLOCK_ENTRIES`)."""
     shape = arrays[0].shape
     vocab, rows = shape[-1], math.prod(shape[:-1])
     if rows * vocab <= 4 * _BLOCK_ENTRIES or jax.default_backend() != "cpu":
         return fn(*arrays)
     per_block = max([d for d in range(1, rows + 1) if rows % d == 0 and d * vocab <= _BLOCK_ENTRIES] or [1])
-    blocks = [a.reshape(per_block, rows // per_block, vocab).swapaxes(0, 1) for a in arrays]
-    out = jax.lax.map(lambda xs: fn(*xs), tuple(blocks))  # [n, per_block, 1]
-    return out.swapaxes(0, 1).reshape(*shape[:-1], 1)
+    blocks = tuple(a.reshape(rows // per_block, per_block, vocab) for a in arrays)
+    return jax.lax.map(lambda xs: fn(*xs), blocks).reshape(*shape[:-1], 1)
 
 
 def _order_key(x: jax.Array) -> jax.Array:
