@@ -103,3 +103,9 @@ def test_target_errors(tmp_path, tiny_run):
         resolve_target(TINY_BASE, checkpoint=3)
     assert resolve_target(run_dir / "checkpoints" / "2").checkpoint == run_dir / "checkpoints" / "2"
     assert main(["eval"]) == 2  # neither a positional target nor --model
+
+
+def test_a_config_override_after_data_files_is_an_override(capsys):
+    # `--data a.jsonl model.dtype=...`: argparse's greedy list takes the override; eval gives it back
+    assert main(["eval", "--model", str(TINY_BASE), "--data", "x/gsm8k.jsonl", "model.dtype=float8"]) == 2
+    assert "model.dtype" in capsys.readouterr().err
