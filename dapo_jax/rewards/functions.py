@@ -17,6 +17,7 @@ name            check
 ``integer``     AIME: the final answer (box or ``Answer:``) as an integer, e.g. ``025`` == ``25``
 ``math_verify`` final answer, then math-verify symbolic equality, bounded in time
 ``synthetic``   the embedded task: the whole response is the answer's integer
+``cot``         the chain-of-thought task: the last non-blank line is ``Answer: N``, N the integer
 ``format``      not a correctness reward: ``bonus`` when the response has the required layout
 =============== =============================================================================
 
@@ -35,7 +36,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from dapo_jax.data import synthetic
+from dapo_jax.data import cot, synthetic
 from dapo_jax.rewards import check
 
 __all__ = [
@@ -168,6 +169,9 @@ _RULES: dict[str, tuple[Callable[..., bool], Callable[..., str | None]]] = {
     "math_verify": (check.math_verify_correct, check.math_verify_key),
     # the embedded default task: the whole response is the answer's integer
     "synthetic": (synthetic.is_correct, synthetic.extract_answer),
+    # the chain-of-thought task (dapo_jax.data.cot): stricter than dapo_answer, the response must END
+    # with its Answer line (an unfinished or still-rambling response is wrong)
+    "cot": (cot.is_correct, cot.extract_answer),
 }
 REWARDS: tuple[str, ...] = (*_RULES, "format")
 
