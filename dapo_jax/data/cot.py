@@ -10,13 +10,13 @@ its label), and ends with an ``Answer:`` line::
     16+d3=19
     Answer: 19
 
-so a correct response is 18 to about 145 characters (= tokens of the character tokenizer, with
-EOS) depending on the problem, and a single slip anywhere in the chain makes the answer wrong.
-Why the labels: a line finds its term by content, the digits that follow its label in the prompt
-(a copy that a 2-layer model learns quickly, an induction head), instead of by counting terms,
-which a small model learns slowly; the chain's length and its arithmetic stay the hard part.
-That is what the embedded ``07+8=`` -> ``15`` task lacks: responses of very different lengths,
-where DAPO's token-level loss, clip-higher and overlong shaping act.
+so a correct response is 18 to 139 characters (= tokens of the character tokenizer, with EOS) with
+the default knobs, depending on the problem, and a single slip anywhere in the chain makes the answer
+wrong. That is what the embedded ``07+8=`` -> ``15`` task lacks: responses of very different
+lengths, where DAPO's token-level loss, clip-higher and overlong shaping act. Why the labels: a line
+finds its term by content, the digits that follow its label in the prompt (a copy that a 2-layer
+model can learn, an induction head; ``scripts/make_cot_base.py`` drills it), instead of by counting
+terms, which a small model learns far later; the chain's length and its arithmetic stay the hard part.
 
 Trace variants (:func:`trace`) mix the warm-up data so that RL has length to move both ways:
 
