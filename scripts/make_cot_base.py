@@ -19,7 +19,6 @@ evaluates with the project's KV-cache sampler (responses are up to ~150 tokens).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -31,10 +30,10 @@ import optax
 from flax import nnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_tiny_base import encode_rows, response_logprobs  # noqa: E402  (shared with the tiny base)
+from make_tiny_base import encode_rows, response_logprobs, ship  # noqa: E402  (shared with the tiny base)
 
 from dapo_jax.data import cot  # noqa: E402
-from dapo_jax.data.char_tokenizer import build_char_tokenizer, save_char_tokenizer  # noqa: E402
+from dapo_jax.data.char_tokenizer import build_char_tokenizer  # noqa: E402
 from dapo_jax.models.config import ModelConfig  # noqa: E402
 from dapo_jax.models.decoder import Decoder  # noqa: E402
 from dapo_jax.sampling import SamplingConfig, make_generate  # noqa: E402
@@ -216,22 +215,8 @@ def main(argv=None):
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
     start = time.time()
-    model, tok, stats = warm_up()
-    from dapo_jax.models.hf_io import save_pretrained
-
-    args.out.mkdir(parents=True, exist_ok=True)
-    save_pretrained(model, args.out)
-    save_char_tokenizer(args.out)
-    n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-    seconds = time.time() - start
-    write_readme(args.out, model.config, stats, n_params, seconds)
-    (args.out / "warmup_stats.json").write_text(json.dumps({**stats, "seconds": round(seconds, 1)}, indent=2) + "\n")
-    for f in args.out.iterdir():
-        f.chmod(0o644)  # the safetensors writer may leave 0600; ship readable package data
-    size = sum(f.stat().st_size for f in args.out.iterdir())
-    print(f"base accuracy (held-out, {EVAL_SIZE}): greedy {stats['greedy_accuracy']:.3f}, "
-          f"sampled T=1 {stats['sampled_accuracy']:.3f}; {n_params:,} params; {size / 1e6:.2f} MB at {args.out}; "
-          f"{seconds:.0f} s")
+    model, _, stats = warm_up()
+    ship(model, args.out, stats, start, write_readme=write_readme, eval_size=EVAL_SIZE)
 
 
 if __name__ == "__main__":

@@ -186,27 +186,32 @@ Made by `python scripts/make_tiny_base.py` (fixed seeds; about {seconds:.0f} s o
 """)
 
 
+def ship(model, out: Path, stats: dict, start: float, *, write_readme, eval_size: int) -> None:
+    """Writes the warmed-up model, its tokenizer, README.md and warmup_stats.json into `out`."""
+    from dapo_jax.models.hf_io import save_pretrained  # written alongside; imported late on purpose
+
+    out.mkdir(parents=True, exist_ok=True)
+    save_pretrained(model, out)
+    save_char_tokenizer(out)
+    n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    seconds = time.time() - start
+    write_readme(out, model.config, stats, n_params, seconds)
+    (out / "warmup_stats.json").write_text(json.dumps({**stats, "seconds": round(seconds, 1)}, indent=2) + "\n")
+    for f in out.iterdir():
+        f.chmod(0o644)  # the safetensors writer may leave 0600; ship readable package data
+    size = sum(f.stat().st_size for f in out.iterdir())
+    print(f"base accuracy (held-out, {eval_size}): greedy {stats['greedy_accuracy']:.3f}, "
+          f"sampled T=1 {stats['sampled_accuracy']:.3f}; {n_params:,} params; {size / 1e6:.2f} MB at {out}; "
+          f"{seconds:.0f} s")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
     start = time.time()
-    model, tok, stats = warm_up()
-    from dapo_jax.models.hf_io import save_pretrained  # written alongside; imported late on purpose
-
-    args.out.mkdir(parents=True, exist_ok=True)
-    save_pretrained(model, args.out)
-    save_char_tokenizer(args.out)
-    n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-    seconds = time.time() - start
-    write_readme(args.out, model.config, stats, n_params, seconds)
-    (args.out / "warmup_stats.json").write_text(json.dumps({**stats, "seconds": round(seconds, 1)}, indent=2) + "\n")
-    for f in args.out.iterdir():
-        f.chmod(0o644)  # the safetensors writer may leave 0600; ship readable package data
-    size = sum(f.stat().st_size for f in args.out.iterdir())
-    print(f"base accuracy (held-out, {EVAL_SIZE}): greedy {stats['greedy_accuracy']:.3f}, "
-          f"sampled T=1 {stats['sampled_accuracy']:.3f}; {n_params:,} params; {size / 1e6:.2f} MB at {args.out}; "
-          f"{seconds:.0f} s")
+    model, _, stats = warm_up()
+    ship(model, args.out, stats, start, write_readme=write_readme, eval_size=EVAL_SIZE)
 
 
 if __name__ == "__main__":
