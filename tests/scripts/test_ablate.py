@@ -180,27 +180,31 @@ def test_tables_are_mean_and_sd_over_seeds(tmp_path):
 # ----------------------------------------------------------------------------- end to end
 @pytest.mark.slow
 def test_script_end_to_end_two_steps_and_a_rerun_skips(tmp_path, monkeypatch):
-    """One row (full DAPO: dynamic sampling on, the path with refill rounds), 2 steps."""
+    """Two rows (naive GRPO, and full DAPO: dynamic sampling on, the path with refill rounds), 2
+    steps each, trained side by side in two child processes (--jobs 2)."""
     out = tmp_path / "docs" / "ablation.md"
-    argv = [str(TINY), "--steps", "2", "--eval-every", "1", "--seeds", "1", "--rows", "dapo",
+    argv = [str(TINY), "--steps", "2", "--eval-every", "1", "--seeds", "1", "--rows", "grpo,dapo",
             "--out", str(out), "--runs-dir", str(tmp_path / "runs"), "--set", "data.eval_size=32",
-            "--no-compile-cache"]  # the cache is a process-wide setting: leave the other tests' alone
+            "--jobs", "2", "--no-compile-cache"]  # the cache is a process-wide setting: leave the other tests' alone
     assert ablate.main(argv) == 0
-    for key in ("dapo",):
+    for key in ("grpo", "dapo"):
         run = tmp_path / "runs" / key / "seed0"
         assert json.loads((run / ablate.DONE_FILE).read_text())["steps"] == 2
         rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
         train_rows = [r for r in rows if "entropy_generated" in r]
         assert len(train_rows) == 2 and all(r["entropy_generated"] > 0 for r in train_rows)
         assert all("zero_adv_fraction" in r for r in train_rows)
+        assert f"training 2 steps in {run}" in (run / "ablate.log").read_text()  # the child's own log
     text = out.read_text()
     assert "## Findings" in text and "Placeholder" in text
-    assert "| DAPO (+ dynamic sampling) |" in text and "| naive GRPO |" not in text.split("## Results")[1]
-    table_rows = [x for x in text.split("## Results")[1].splitlines() if x.startswith("| DAPO (+ dynamic sampling)")]
+    results = text.split("## Results")[1]
+    assert "| DAPO (+ dynamic sampling) |" in results and "| naive GRPO |" in results
+    assert "| + clip-higher |" not in results
+    table_rows = [x for x in results.splitlines() if x.startswith("| DAPO (+ dynamic sampling)")]
     assert len(table_rows) == 2 and all(" ± " not in x for x in table_rows)  # one seed: no sd
     figures = sorted(p.name for p in (tmp_path / "docs" / "figures").glob("ablation_*.png"))
     assert figures == ["ablation_clip_higher.png", "ablation_dynamic_sampling.png", "ablation_overlong.png",
-                       "ablation_token_loss.png"]  # each with the one row it has
+                       "ablation_token_loss.png"]  # each with the rows it has
     assert all(f"figures/{name}" in text for name in figures)
 
     # a rerun trains nothing: every run is finished
@@ -229,7 +233,7 @@ def test_a_failed_run_is_reported_and_the_others_go_on(tmp_path, monkeypatch):
     monkeypatch.setattr(loop, "train", fake_train)
     out = tmp_path / "ablation.md"
     argv = [str(TINY), "--steps", "4", "--seeds", "2", "--rows", "grpo,dapo,clip", "--out", str(out),
-            "--runs-dir", str(tmp_path / "runs"), "--no-compile-cache"]
+            "--runs-dir", str(tmp_path / "runs"), "--no-compile-cache", "--jobs", "1"]
     assert ablate.main(argv) == 1
     assert trained == ["grpo", "grpo", "clip", "clip", "dapo", "dapo"]  # ladder order, every seed
     text = out.read_text()
