@@ -15,10 +15,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-AdvantageName = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "batch_norm"]
+AdvantageName = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "batch_norm", "gae",
+                        "gdpo_pair", "grpo_process"]
 PolicyLossName = Literal["clipped_surrogate", "gspo", "gspo_token", "cispo"]
 AggregationName = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "constant_norm"]
 KLEstimatorName = Literal["k1", "k2", "k3"]
+OffPolicyName = Literal["token_tis", "seq_tis", "token_mask", "seq_mask"]
 
 # Losses whose ratio clip is PPO's trust region: there, eps_high < eps_low would be "clip-lower".
 # CISPO clips a detached importance weight instead; its usual lower bound is 0 (eps_low = 1).
@@ -30,6 +32,9 @@ class ObjectiveConfig(BaseModel):
 
     Attributes (see /docs objectives.md for the math):
       name: a label for logs; nothing branches on it.
+      kind: "policy_gradient" (a per-token policy loss, the fields below) or "gdpo" (group DPO,
+        objectives.md §11, `gdpo.py`: needs advantage="gdpo_pair" and the reference policy), with
+        gdpo_beta its β.
       advantage: the advantage estimator (`advantages.py`).
       std_eps, std_unbiased: the std normaliser `(r - mean) / (std + std_eps)`; unbiased = N-1 (verl, TRL).
       policy_loss: the per-token loss (`policy_loss.py`).
@@ -49,13 +54,31 @@ class ObjectiveConfig(BaseModel):
       overlong_penalty_factor: scale of the soft overlong punishment.
       dynamic_sampling, dynamic_sampling_metric: DAPO's group filter `0 < #correct < G` ("correct")
         or non-zero reward spread ("reward").
+      gfpo_keep, gfpo_metric, gfpo_adaptive, gfpo_window: GFPO group filtering (`gfpo.py`): train on
+        the gfpo_keep = k best of the rollout's G responses per prompt by `gfpo_metric` ("length":
+        shortest; "token_efficiency": highest reward / length), advantages inside the kept subset.
+        gfpo_adaptive = (k_hardest, k_2, k_3, k_easiest): k per quartile of the prompt's mean reward
+        among the last gfpo_window prompts (overrides gfpo_keep). Both None = off.
       reward_correct, reward_wrong: the rule reward's two values.
       multi_reward, reward_weights: how [P, G, K] rewards combine; weights None = all ones.
+      off_policy_correction: correct for a behaviour policy μ != π_old (`off_policy.py`): "token_tis" /
+        "seq_tis" weight ℓ by sg(min(π_old/μ, C)) per token / per response, "token_mask" / "seq_mask"
+        drop the tokens / responses whose ratio is outside [1/C, C]; None = off. Needs the sampler's
+        log-probs (`behaviour_logp`) and a recomputed π_old.
+      off_policy_cap: C > 1 (default 2).
+      gamma, gae_lambda, critic_lambda, lambda_alpha, whiten_advantages, value_clip,
+        value_pretrain_steps, nll_coef: the critic family (advantage="gae": PPO, VAPO; objectives.md §10,
+        `gae.py`, `nll.py`): discount γ, the policy's GAE λ, the value targets' λ (decoupled GAE),
+        VAPO's length-adaptive λ_policy = 1 - 1/(α·L) when lambda_alpha = α is set, whitening of the
+        policy advantages over the batch, the value-loss clip ε_v (None = off), value pre-training
+        steps N_pre before any policy update, and μ of the positive-example NLL term (0 = off).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = "custom"
+    kind: Literal["policy_gradient", "gdpo"] = "policy_gradient"
+    gdpo_beta: float = Field(0.1, gt=0.0)
     # advantages
     advantage: AdvantageName = "grpo"
     std_eps: float = Field(1e-6, ge=0.0)
@@ -82,11 +105,28 @@ class ObjectiveConfig(BaseModel):
     # dynamic sampling
     dynamic_sampling: bool = False
     dynamic_sampling_metric: Literal["correct", "reward"] = "correct"
+    # GFPO group filtering (objectives.md §11)
+    gfpo_keep: int | None = Field(None, ge=2)
+    gfpo_metric: Literal["length", "token_efficiency"] = "length"
+    gfpo_adaptive: tuple[int, int, int, int] | None = None
+    gfpo_window: int = Field(1024, gt=0)
     # rewards
     reward_correct: float = 1.0
     reward_wrong: float = -1.0
     multi_reward: Literal["sum", "normalize_then_sum"] = "sum"
     reward_weights: tuple[float, ...] | None = None
+    # off-policy correction (objectives.md §13)
+    off_policy_correction: OffPolicyName | None = None
+    off_policy_cap: float = 2.0
+    # critic (advantage="gae": PPO with GAE, VAPO; objectives.md §10)
+    gamma: float = Field(1.0, ge=0.0, le=1.0)
+    gae_lambda: float = Field(0.95, ge=0.0, le=1.0)
+    critic_lambda: float = Field(0.95, ge=0.0, le=1.0)
+    lambda_alpha: float | None = Field(None, gt=0.0)
+    whiten_advantages: bool = True
+    value_clip: float | None = Field(0.5, gt=0.0)
+    value_pretrain_steps: int = Field(0, ge=0)
+    nll_coef: float = Field(0.0, ge=0.0)
 
     @model_validator(mode="after")
     def _check(self) -> ObjectiveConfig:
@@ -100,6 +140,8 @@ class ObjectiveConfig(BaseModel):
             )
         if self.dual_clip_c is not None and not self.dual_clip_c > 1:
             raise ValueError(f"dual_clip_c must be > 1 (or None = off), got {self.dual_clip_c}")
+        if self.gfpo_adaptive is not None and min(self.gfpo_adaptive) < 2:
+            raise ValueError(f"gfpo_adaptive: every k must be >= 2 (a subset of 1 has no spread), got {self.gfpo_adaptive}")
         if not self.kl_beta >= 0:
             raise ValueError(f"kl_beta must be >= 0, got {self.kl_beta}")
         if self.overlong_buffer is not None and self.max_response_length is not None:
@@ -108,6 +150,17 @@ class ObjectiveConfig(BaseModel):
                     f"overlong_buffer ({self.overlong_buffer}) must be <= max_response_length "
                     f"({self.max_response_length})"
                 )
+        if not self.off_policy_cap > 1:
+            raise ValueError(f"off_policy_cap must be > 1 (the ratio range is [1/C, C]), got {self.off_policy_cap}")
+        if self.value_pretrain_steps and not self.uses_critic:
+            raise ValueError(f"value_pretrain_steps={self.value_pretrain_steps} needs a critic: advantage='gae'")
+        if self.uses_critic and self.multi_reward == "normalize_then_sum":
+            raise ValueError("advantage='gae' takes one reward per response: use multi_reward='sum'")
+        if self.nll_coef > 0 and (self.high_entropy_quantile is not None
+                                  or self.off_policy_correction in ("token_mask", "seq_mask")):
+            raise ValueError("nll_coef > 0 scales the NLL term by the policy loss's denominator, known before "
+                             "the update only when it depends on the mask alone: turn off high_entropy_quantile "
+                             "and masking off-policy corrections, or set nll_coef = 0")
         if self.reward_weights is not None and len(self.reward_weights) == 0:
             raise ValueError("reward_weights must be None or non-empty")
         if self.multi_reward == "normalize_then_sum" and self.advantage == "reinforce_pp":
@@ -118,11 +171,48 @@ class ObjectiveConfig(BaseModel):
         return self
 
     @property
+    def uses_critic(self) -> bool:
+        """True when the advantages come from a learned value model (GAE: PPO, VAPO; `training/critic.py`)."""
+        return self.advantage == "gae"
+
+    @model_validator(mode="after")
+    def _check_gdpo_and_process(self) -> ObjectiveConfig:
+        if (self.kind == "gdpo") != (self.advantage == "gdpo_pair"):
+            raise ValueError(f"kind='gdpo' and advantage='gdpo_pair' go together (gdpo.py: the advantage marks "
+                             f"each group's pair), got kind={self.kind!r}, advantage={self.advantage!r}")
+        if self.kind == "gdpo" and (self.kl_beta > 0 or self.kl_in != "loss" or self.needs_entropy or self.nll_coef
+                                    or self.off_policy_correction is not None):
+            raise ValueError("kind='gdpo' has no KL, entropy, NLL or per-token terms (gdpo_beta is its KL "
+                             "regulariser): set kl_beta=0, kl_in='loss', entropy_coef=0, high_entropy_quantile=None, "
+                             "nll_coef=0, off_policy_correction=None")
+        if self.needs_step_rewards and self.kl_beta > 0 and self.kl_in == "reward":
+            raise ValueError("advantage='grpo_process' takes no KL in the reward: use kl_in='loss'")
+        if self.needs_step_rewards and (self.overlong_buffer is not None or self.multi_reward != "sum"):
+            raise ValueError("advantage='grpo_process' reads step rewards, not the outcome reward that "
+                             "overlong_buffer and multi_reward shape: set overlong_buffer=None, multi_reward='sum'")
+        return self
+
+    @property
     def needs_reference(self) -> bool:
-        """True when reference log-probs must be computed (beta > 0); DAPO-style configs need none."""
-        return self.kl_beta > 0
+        """True when reference log-probs must be computed (beta > 0, or GDPO); DAPO-style configs need none."""
+        return self.kl_beta > 0 or self.kind == "gdpo"
+
+    @property
+    def needs_step_rewards(self) -> bool:
+        """True when the advantage reads per-step rewards (process supervision, `process.py`)."""
+        return self.advantage == "grpo_process"
 
     @property
     def needs_entropy(self) -> bool:
         """True when the loss needs per-token entropies."""
         return self.entropy_coef != 0 or self.high_entropy_quantile is not None
+
+    @property
+    def gfpo(self) -> bool:
+        """True when GFPO keeps a subset of each group (`gfpo_keep` or `gfpo_adaptive` set)."""
+        return self.gfpo_keep is not None or self.gfpo_adaptive is not None
+
+    @property
+    def needs_behaviour_logp(self) -> bool:
+        """True when the loss needs the sampler's log-probs log μ (an off-policy correction is on)."""
+        return self.off_policy_correction is not None

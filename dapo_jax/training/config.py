@@ -87,7 +87,11 @@ class RolloutSection(_Section):
     max_gen_batches: int = Field(default=10, gt=0)
     on_starvation: Literal["fail", "train_on_kept"] = "fail"
     carry_surplus: bool = False
-    recompute_old_logp: bool = False  # True when the sampler ran a different precision
+    # Recompute log π_old with the trainer instead of taking the sampler's log-probs; None = follow
+    # precision (`RunConfig.recompute_old_logp`): recompute when sampler_dtype differs from model.dtype
+    # or an objective.off_policy_correction is on. An explicit true / false wins.
+    recompute_old_logp: bool | None = None
+    sampler_dtype: Literal["float32", "bfloat16", "float16"] | None = None  # rollout compute dtype; None = model.dtype
     temperature: float = Field(default=1.0, gt=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
     top_k: int = Field(default=0, ge=0)
@@ -106,6 +110,14 @@ class OptimSection(_Section):
     grad_clip: float | None = Field(default=1.0, gt=0)
     num_minibatches: int = Field(default=1, gt=0)
     micro_batches: int = Field(default=1, gt=0)
+
+
+class CriticSection(OptimSection):
+    """The critic's own optimizer, learning rate and update split, read only when the objective has a
+    critic (`advantage: gae`: PPO, VAPO); `path`: the Hugging Face folder whose decoder weights start
+    its trunk (None = model.path, the policy's initial weights). No `critic` section = `optim`'s values."""
+
+    path: str | None = None
 
 
 class DistributedSection(_Section):
@@ -179,6 +191,7 @@ class RunConfig(_Section):
     objective: ObjectiveSection = ObjectiveSection()
     rollout: RolloutSection = RolloutSection()
     optim: OptimSection = OptimSection()
+    critic: CriticSection | None = None
     mesh: MeshSection = MeshSection()
     train: TrainSection = TrainSection()
     reward: RewardSection = RewardSection()
@@ -200,6 +213,10 @@ class RunConfig(_Section):
              f"max_gen_batches*gen_batch={r.max_gen_batches * r.gen_batch} can never fill "
              f"train_batch={r.train_batch}"),
             ("reward.functions", len(self.reward.functions) > 0, "at least one reward function is needed"),
+            ("critic", r.train_batch % (self.critic_optim.num_minibatches * self.critic_optim.micro_batches
+                                        * shards) == 0,
+             f"train_batch={r.train_batch} must split into the critic's num_minibatches x micro_batches x the "
+             f"mesh's data*fsdp={shards}"),
         ]
         from dapo_jax.rewards import REWARDS as known
 
@@ -210,12 +227,47 @@ class RunConfig(_Section):
                 raise _KeyedError(key, msg)
         try:
             objective = self.objective.build(max_response_length=r.max_new_tokens)
+            if objective.gfpo:  # GFPO keeps k of the G generated responses: k <= G
+                from dapo_jax.training.group_filter import GroupFilter
+
+                GroupFilter(objective, group_size=r.G)
         except (ValueError, TypeError, KeyError, pydantic.ValidationError) as e:
             raise _KeyedError("objective", f"{type(e).__name__}: {e}") from e
+        from dapo_jax.rewards.steps import STEP_REWARDS
+
+        if objective.needs_step_rewards and self.reward.functions[0].name not in STEP_REWARDS:
+            raise _KeyedError("reward.functions.0.name", f"advantage={objective.advantage!r} needs step rewards, and "
+                              f"{self.reward.functions[0].name!r} has none (step rewards: {sorted(STEP_REWARDS)})")
         if objective.max_response_length is not None and objective.max_response_length < r.max_new_tokens:
             raise _KeyedError("objective.max_response_length",
                               f"{objective.max_response_length} < rollout.max_new_tokens={r.max_new_tokens}")
+        if objective.off_policy_correction is not None and r.recompute_old_logp is False:
+            raise _KeyedError("rollout.recompute_old_logp",
+                              f"objective.off_policy_correction={objective.off_policy_correction!r} compares the "
+                              f"trainer's log pi_old with the sampler's log mu; with recompute_old_logp=false they "
+                              f"are the same array, every weight is 1 and nothing is masked: set it to true or "
+                              f"leave it unset (it then follows the correction)")
         return self
+
+    @property
+    def sampler_dtype(self) -> str:
+        """The sampler's compute dtype (`rollout.sampler_dtype`, else the trainer's `model.dtype`)."""
+        return self.rollout.sampler_dtype or self.model.dtype
+
+    @property
+    def recompute_old_logp(self) -> bool:
+        """`rollout.recompute_old_logp` when set, else recompute when the sampler and the trainer compute
+        in different dtypes or an off-policy correction needs π_old apart from μ (`off_policy.recompute_old_logp`)."""
+        from dapo_jax.objectives.off_policy import recompute_old_logp
+
+        return recompute_old_logp(self.rollout.recompute_old_logp, sampler_dtype=self.sampler_dtype,
+                                  trainer_dtype=self.model.dtype,
+                                  correction=self.objective_config.off_policy_correction)
+
+    @property
+    def critic_optim(self) -> CriticSection:
+        """The `critic` section, or `optim`'s values when there is none."""
+        return self.critic if self.critic is not None else CriticSection(**self.optim.model_dump())
 
     @functools.cached_property
     def objective_config(self):
@@ -228,6 +280,7 @@ class RunConfig(_Section):
         dump = resolved.model_dump(mode="json") if hasattr(resolved, "model_dump") else {}
         dump.pop("name", None)
         data["objective"] = {"name": self.objective.name, **dump}
+        data["rollout"]["recompute_old_logp"] = self.recompute_old_logp  # resolved, like the objective
         return yaml.safe_dump(data, sort_keys=False)
 
 

@@ -29,6 +29,7 @@ from dapo_jax.training import sources
 from dapo_jax.training.checkpoint import Checkpointer, CheckpointUnreadableError
 from dapo_jax.training.config import ConfigError, RunConfig, resolve_path
 from dapo_jax.training.evaluate import eval_key, evaluate
+from dapo_jax.training.group_filter import GroupFilter, selection_stats
 from dapo_jax.training.guards import NonFiniteMonitor, Preempted, Preemption
 from dapo_jax.training.loggers import make_loggers
 from dapo_jax.training.metrics import MetricsWriter, compile_count
@@ -102,6 +103,16 @@ def sampling_config(cfg: RunConfig, tokenizer, model_cfg, *, eval_mode: bool = F
     )
 
 
+def _sampler_graphdef(cfg: RunConfig, graphdef, model_cfg):
+    """The model run in `rollout.sampler_dtype` (same parameters, another compute dtype), or `graphdef`."""
+    if cfg.sampler_dtype == model_cfg.dtype:
+        return graphdef
+    from dapo_jax.models.decoder import Decoder
+
+    sampler_cfg = model_cfg.replace(dtype=cfg.sampler_dtype)
+    return nnx.split(nnx.eval_shape(lambda: Decoder(sampler_cfg, rngs=nnx.Rngs(0))))[0]
+
+
 @dataclasses.dataclass
 class _Run:
     """What the loop threads through the steps, besides the jitted state."""
@@ -110,6 +121,7 @@ class _Run:
     rng: np.ndarray  # uint32 raw key data
     carry: Groups | None
     steps_skipped: int = 0  # steps with no group to train on (dynamic sampling starved under train_on_kept)
+    group_filter: dict | None = None  # GFPO's streaming difficulty statistic (`GroupFilter.state_dict`)
 
 
 def train(cfg: RunConfig) -> dict:
@@ -124,11 +136,14 @@ def train(cfg: RunConfig) -> dict:
     from tqdm.auto import tqdm
 
     from dapo_jax.objectives.loss import compute_advantages, dynamic_sampling_keep, shape_rewards, token_kl
+    from dapo_jax.objectives.process import StepRewards
+    from dapo_jax.rewards.steps import make_step_scorer
     from dapo_jax.parallel.mesh import batch_sharding
     from dapo_jax.sampling.sampler import make_generate
 
     run_dir = RunDir(cfg)
     objective = cfg.objective_config
+    group_filter = GroupFilter(objective, group_size=cfg.rollout.G) if objective.gfpo else None
     r, o = cfg.rollout, cfg.optim
     main = jax.process_index() == 0  # only process 0 prints and writes logs
     say = print if main else (lambda *a, **k: None)
@@ -136,6 +151,8 @@ def train(cfg: RunConfig) -> dict:
 
     tokenizer = load_tokenizer(cfg)
     stream, eval_stream, scorer = sources.make_data(cfg, tokenizer, objective)
+    # process supervision (objectives.md §12): the first reward function's step rewards (rewards/steps.py)
+    step_scorer = make_step_scorer(cfg.reward.functions[0].name, tokenizer) if objective.needs_step_rewards else None
     if stream.num_skipped and main:
         warnings.warn(f"{stream.num_skipped} of {stream.num_skipped + len(stream)} training prompts are longer than "
                       f"data.max_prompt_length={cfg.data.max_prompt_length} tokens and are dropped", RuntimeWarning)
@@ -150,7 +167,7 @@ def train(cfg: RunConfig) -> dict:
         state = init_train_state(params, tx)
         del model, params
         scfg = sampling_config(cfg, tokenizer, model_cfg)
-        generate = make_generate(graphdef, scfg, r.G)
+        generate = make_generate(_sampler_graphdef(cfg, graphdef, model_cfg), scfg, r.G)
         generate_eval = make_generate(graphdef, sampling_config(cfg, tokenizer, model_cfg, eval_mode=True),
                                       cfg.train.eval_k)
         logprob_fn = make_logprob_fn(graphdef, temperature=scfg.logprob_temperature)
@@ -160,25 +177,31 @@ def train(cfg: RunConfig) -> dict:
             use_ref=objective.needs_reference and objective.kl_in == "loss",
         )
 
+        recompute_old_logp = cfg.recompute_old_logp  # follows precision unless set (RunConfig.recompute_old_logp)
+
         @jax.jit
         def prepare(params, ref_params, prompt_ids, prompt_mask, response_ids, response_mask, old_logp,
-                    rewards, valid):
-            """Reference / recomputed old log-probs and the advantages: [P, G, T] device tensors."""
-            if r.recompute_old_logp:
+                    rewards, valid, steps=None):
+            """Reference / recomputed old log-probs and the advantages: [P, G, T] device tensors (from
+            the step rewards `steps` instead of `rewards` when given: process supervision)."""
+            behaviour_logp = old_logp  # log μ: the sampler's own log-probs
+            if recompute_old_logp:
                 old_logp, _ = logprob_fn(params, prompt_ids, prompt_mask, response_ids, response_mask)
             ref_logp = jnp.zeros_like(old_logp)
             kl = None
             if ref_params is not None:
                 ref_logp, _ = logprob_fn(ref_params, prompt_ids, prompt_mask, response_ids, response_mask)
                 kl = token_kl(objective, old_logp, ref_logp)
-            adv = compute_advantages(objective, rewards, response_mask, kl, valid=valid)
+            adv = compute_advantages(objective, rewards if steps is None else steps, response_mask, kl, valid=valid)
             adv = jnp.broadcast_to(adv[..., None] if adv.ndim == 2 else adv, response_mask.shape) * response_mask
             return Batch(prompt_ids, prompt_mask, response_ids, response_mask.astype(jnp.float32),
-                         old_logp, adv, ref_logp)
+                         old_logp, adv, ref_logp, behaviour_logp if objective.needs_behaviour_logp else None)
 
         ckpt = Checkpointer(run_dir.path / "checkpoints", keep=cfg.train.keep_checkpoints)
         cleanup.callback(ckpt.close)  # however the run ends, a started save completes
         state, run = _restore(cfg, ckpt, state, stream, say)
+        if group_filter is not None:
+            group_filter.load_state_dict(run.group_filter)
         run_dir.save_config()  # the run really starts here
         writer = MetricsWriter(run_dir.path, loggers=make_loggers(cfg, run_dir.path) if main else [], enabled=main)
         cleanup.callback(writer.close)
@@ -214,14 +237,18 @@ def train(cfg: RunConfig) -> dict:
             texts = sources.decode_responses(tokenizer, out.response_ids.reshape(p * g, t),
                                              out.response_mask.reshape(p * g, t))
             rewards, correct, _ = scorer(texts, [a for a in prompts.answers for _ in range(g)])
+            steps = step_scorer(out.response_ids, out.response_mask, prompts.texts, prompts.answers) if step_scorer else {}
             shaped, mask = shape_rewards(objective, rewards.reshape(p, g), out.lengths, out.truncated,
                                          out.response_mask)
             return Groups(ids, pmask, out.response_ids, np.asarray(mask, np.float32), out.logprobs,
                           np.asarray(shaped, np.float32), correct.reshape(p, g), out.lengths,
-                          out.truncated, np.ones(p, bool), np.zeros(p, np.int32), entropy=out.entropy)
+                          out.truncated, np.ones(p, bool), np.zeros(p, np.int32), entropy=out.entropy, **steps,
+                          selected=group_filter.select(shaped, out.lengths) if group_filter is not None else None)
 
         def keep(groups: Groups) -> np.ndarray:
-            k, _ = dynamic_sampling_keep(objective, correct=groups.correct, rewards=groups.rewards)
+            # with GFPO, the spread that counts is the kept subset's (group_filter.py)
+            k, _ = dynamic_sampling_keep(objective, correct=groups.correct, rewards=groups.rewards,
+                                         valid=groups.selected)
             return np.asarray(k, bool)
 
         last = run_eval(0) if run.step == 0 else {}
@@ -236,12 +263,19 @@ def train(cfg: RunConfig) -> dict:
                 carry=run.carry, carry_surplus=r.carry_surplus,
             )
             t1 = time.perf_counter()
+            if group_filter is not None:
+                stats.update(selection_stats(groups, group_filter))
+                run.group_filter = group_filter.state_dict()
             m = {}
             if groups.valid.any():
                 # Prompts (groups) over ("data", "fsdp"): each device holds whole groups of its slice.
-                host = (groups.prompt_ids, groups.prompt_mask, groups.response_ids, groups.response_mask,
-                        groups.old_logp, groups.rewards, np.broadcast_to(groups.valid[:, None], groups.rewards.shape))
-                batch = prepare(state.params, ref_params, *to_global(host, batch_sharding(mesh)))
+                # GFPO's dropped responses leave the loss, its denominator and the advantages' statistics
+                sel = groups.selected
+                host = (groups.prompt_ids, groups.prompt_mask, groups.response_ids, groups.response_mask * sel[..., None],
+                        groups.old_logp, groups.rewards, groups.valid[:, None] & sel)
+                steps = StepRewards(groups.step_rewards, groups.step_ends, groups.step_mask) if step_scorer else None
+                batch = prepare(state.params, ref_params, *to_global(host, batch_sharding(mesh)),
+                                steps=to_global(steps, batch_sharding(mesh)))
                 state, m = train_step(state, batch)
                 m = to_host(m)
             else:  # an update on padding alone would change nothing but Adam's moments and counters
@@ -300,7 +334,7 @@ def _restore(cfg: RunConfig, ckpt: Checkpointer, state: TrainState, stream, say)
         return state, run
     run = _Run(restored.step, np.asarray(restored.meta["rng"], np.uint32),
                Groups.from_state_dict(restored.carry) if restored.carry else None,
-               int(restored.meta.get("steps_skipped", 0)))
+               int(restored.meta.get("steps_skipped", 0)), restored.meta.get("group_filter"))
     stream.load_state_dict(restored.meta["stream"])
     quarantined = f" (unreadable newer checkpoint(s) {restored.quarantined} set aside)" if restored.quarantined else ""
     say(f"[dapo-jax] resumed from step {restored.step} in {ckpt.directory}{quarantined}", flush=True)
@@ -310,6 +344,8 @@ def _restore(cfg: RunConfig, ckpt: Checkpointer, state: TrainState, stream, say)
 def _save(ckpt: Checkpointer, state: TrainState, run: _Run, stream) -> None:
     meta = {"rng": [int(x) for x in np.asarray(run.rng).ravel()], "stream": stream.state_dict(),
             "steps_skipped": run.steps_skipped}
+    if run.group_filter is not None:
+        meta["group_filter"] = run.group_filter
     ckpt.save(run.step, state, meta=meta, carry=run.carry.state_dict() if run.carry is not None else None)
 
 

@@ -40,10 +40,22 @@ class Groups:
     # [N, G, T] float32: the sampler's per-token entropy, 0 after the response's end (before overlong
     # filtering); None (e.g. a carry saved before this field existed) = zeros
     entropy: np.ndarray | None = None
+    # [N, G] bool: the responses GFPO trains on (`training/group_filter.py`); None = all of them
+    selected: np.ndarray | None = None
+    # [N, G, J] process supervision's step rewards, their end-token indices and their slot mask
+    # (`rewards/steps.py`); None = no steps (J = 0)
+    step_rewards: np.ndarray | None = None
+    step_ends: np.ndarray | None = None
+    step_mask: np.ndarray | None = None
 
     def __post_init__(self):
         if self.entropy is None:
             self.entropy = np.zeros(self.old_logp.shape, np.float32)
+        if self.selected is None:
+            self.selected = np.ones(self.rewards.shape, bool)
+        for name, dtype in (("step_rewards", np.float32), ("step_ends", np.int32), ("step_mask", np.float32)):
+            if getattr(self, name) is None:
+                setattr(self, name, np.zeros((*self.rewards.shape, 0), dtype))
 
     def __len__(self) -> int:
         return int(self.prompt_ids.shape[0])
