@@ -20,7 +20,8 @@ from dapo_jax.objectives.advantages import combine_rewards, to_tokens
 from dapo_jax.objectives.config import ObjectiveConfig
 from dapo_jax.objectives.dynamic_sampling import keep_groups
 from dapo_jax.objectives.policy_loss import LOG_RATIO_CLAMP, entropy_bonus, high_entropy_mask
-from dapo_jax.objectives.registry import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+from dapo_jax.objectives.registry import (ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, OFF_POLICY_CORRECTIONS,
+                                          POLICY_LOSSES)
 from dapo_jax.objectives.shaping import overlong_filter, overlong_penalty
 
 
@@ -36,7 +37,8 @@ def token_kl(cfg: ObjectiveConfig, logp, ref_logp):
     return KL_ESTIMATORS[cfg.kl_estimator](logp, ref_logp, clamp=cfg.kl_clamp)
 
 
-def objective_terms(cfg: ObjectiveConfig, *, logp, old_logp, advantages, mask, ref_logp=None, entropy=None):
+def objective_terms(cfg: ObjectiveConfig, *, logp, old_logp, advantages, mask, ref_logp=None, entropy=None,
+                    behaviour_logp=None):
     """The loss of one (micro-)batch as an additive pair, plus additive metrics.
 
     Args:
@@ -47,6 +49,9 @@ def objective_terms(cfg: ObjectiveConfig, *, logp, old_logp, advantages, mask, r
       mask: [P, G, T] 1 on response tokens (EOS included), 0 on padding / filtered responses.
       ref_logp: [P, G, T] log π_ref; required only when cfg.kl_beta > 0 and cfg.kl_in == "loss".
       entropy: [P, G, T] per-token entropy; required only when cfg.needs_entropy.
+      behaviour_logp: [P, G, T] log μ, the sampler's log-probs of the sampled tokens (constant);
+        required only when cfg.off_policy_correction is set (`off_policy.py`: TIS weights multiply ℓ,
+        masking removes tokens / responses from the loss and the denominator).
 
     Returns:
       (loss_sum, denominator, metrics): float32 scalars with loss = Σ loss_sum / Σ den over micro-batches;
@@ -54,7 +59,8 @@ def objective_terms(cfg: ObjectiveConfig, *, logp, old_logp, advantages, mask, r
       mask. metrics = {name: (value, count)}, combined by `diagnostics.combine_metrics` and turned into
       floats by `diagnostics.finalize_metrics`: policy_loss, kl (if in loss), entropy (if given),
       ratio_mean / _min / _max, approx_kl (k3 of π_old -> π_θ), clip_frac_low / _high / _dual,
-      advantage_mean, advantage_sq_mean, zero_adv_group_frac, high_entropy_kept (if on).
+      advantage_mean, advantage_sq_mean, zero_adv_group_frac, high_entropy_kept (if on),
+      behaviour_ratio_mean / _min / _max, behaviour_masked_frac, behaviour_capped_frac (if corrected).
     """
     m = jnp.asarray(mask, jnp.float32)
     if m.ndim != 3:
@@ -63,6 +69,7 @@ def objective_terms(cfg: ObjectiveConfig, *, logp, old_logp, advantages, mask, r
     _check_shape("old_logp", old_logp, m.shape)
     _check_shape("ref_logp", ref_logp, m.shape)
     _check_shape("entropy", entropy, m.shape)
+    _check_shape("behaviour_logp", behaviour_logp, m.shape)
     if jnp.ndim(advantages) not in (2, 3) or tuple(jnp.shape(advantages))[:2] != m.shape[:2]:
         raise ValueError(f"advantages has shape {jnp.shape(advantages)}, expected [P, G] or [P, G, T] = {m.shape}")
     old_logp = jax.lax.stop_gradient(old_logp)
@@ -93,6 +100,16 @@ def objective_terms(cfg: ObjectiveConfig, *, logp, old_logp, advantages, mask, r
         if cfg.high_entropy_quantile is not None:
             train_mask = high_entropy_mask(jax.lax.stop_gradient(entropy), m, quantile=cfg.high_entropy_quantile)
             metrics["high_entropy_kept"] = (jnp.sum(train_mask), jnp.sum(m))
+
+    if cfg.off_policy_correction is not None:
+        if behaviour_logp is None:
+            raise ValueError(f"behaviour_logp (the sampler's log μ) is required: "
+                             f"off_policy_correction={cfg.off_policy_correction!r}")
+        corr = OFF_POLICY_CORRECTIONS[cfg.off_policy_correction](
+            old_logp, jax.lax.stop_gradient(behaviour_logp), m, cap=cfg.off_policy_cap)
+        loss = loss * jax.lax.stop_gradient(corr.weight)
+        train_mask = train_mask * corr.keep
+        metrics.update(corr.metrics)
 
     loss_sum, denominator = AGGREGATIONS[cfg.loss_agg](loss, train_mask, max_response_length=cfg.max_response_length)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pydantic
 import yaml
 
-from dapo_jax.objectives import advantages, aggregation, kl, policy_loss
+from dapo_jax.objectives import advantages, aggregation, kl, off_policy, policy_loss
 from dapo_jax.objectives.config import ObjectiveConfig
 
 ADVANTAGES = {
@@ -34,6 +34,12 @@ AGGREGATIONS = {
     "seq_mean_token_mean": aggregation.seq_mean_token_mean,
     "seq_mean_token_sum": aggregation.seq_mean_token_sum,
     "constant_norm": aggregation.constant_norm,
+}
+OFF_POLICY_CORRECTIONS = {
+    "token_tis": off_policy.token_tis,
+    "seq_tis": off_policy.seq_tis,
+    "token_mask": off_policy.token_mask,
+    "seq_mask": off_policy.seq_mask,
 }
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "objectives"

@@ -280,7 +280,6 @@ class RunConfig(_Section):
         dump = resolved.model_dump(mode="json") if hasattr(resolved, "model_dump") else {}
         dump.pop("name", None)
         data["objective"] = {"name": self.objective.name, **dump}
-        data["rollout"]["recompute_old_logp"] = self.recompute_old_logp  # resolved, like the objective
         return yaml.safe_dump(data, sort_keys=False)
 
 

@@ -47,6 +47,9 @@ class Batch(NamedTuple):
     old_logp: jax.Array  # [P, G, T] float32: log π_old at the sampling temperature
     advantages: jax.Array  # [P, G, T] float32
     ref_logp: jax.Array  # [P, G, T] float32 (zeros when no KL term is used)
+    # [P, G, T] float32: log μ, the sampler's own log-probs, when an off-policy correction compares
+    # them with a recomputed old_logp (objectives.md §13); None = not carried
+    behaviour_logp: jax.Array | None = None
 
 
 def make_schedule(optim, *, decay_steps: int = 1) -> optax.Schedule:
@@ -131,9 +134,12 @@ def make_train_step(
             graphdef, params, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
             temperature=temperature,
         )
+        extra_terms = {}
+        if mb.behaviour_logp is not None:
+            extra_terms["behaviour_logp"] = mb.behaviour_logp
         loss_sum, den, metrics = loss_terms(
             objective, logp=logp, old_logp=mb.old_logp, advantages=mb.advantages, mask=mb.response_mask,
-            ref_logp=mb.ref_logp if use_ref else None, entropy=entropy,
+            ref_logp=mb.ref_logp if use_ref else None, entropy=entropy, **extra_terms,
         )
         mask = mb.response_mask.astype(jnp.float32)
         extra = {"entropy_sum": jnp.sum(jax.lax.stop_gradient(entropy) * mask), "tokens": jnp.sum(mask)}

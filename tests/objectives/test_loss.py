@@ -280,5 +280,6 @@ def test_every_recipe_runs_under_jit():
         adv = compute_advantages(cfg, np.random.default_rng(0).normal(size=(4, 4)).astype(np.float32), b["mask"],
                                  kl=token_kl(cfg, b["old_logp"], b["ref_logp"]))
         s, d, _ = terms_jit(cfg, logp=b["logp"], old_logp=b["old_logp"], advantages=adv, mask=b["mask"],
-                            ref_logp=b["ref_logp"] if cfg.needs_reference else None)
+                            ref_logp=b["ref_logp"] if cfg.needs_reference else None,
+                            behaviour_logp=b["ref_logp"] if cfg.needs_behaviour_logp else None)
         assert np.isfinite(float(s)) and float(d) > 0, name
