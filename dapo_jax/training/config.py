@@ -91,7 +91,8 @@ class RolloutSection(_Section):
     # precision (`RunConfig.recompute_old_logp`): recompute when sampler_dtype differs from model.dtype
     # or an objective.off_policy_correction is on. An explicit true / false wins.
     recompute_old_logp: bool | None = None
-    sampler_dtype: Literal["float32", "bfloat16", "float16"] | None = None  # rollout compute dtype; None = model.dtype
+    # The rollout sampler's compute dtype (same parameters); None = model.dtype. Evaluation keeps model.dtype.
+    sampler_dtype: Literal["float32", "bfloat16", "float16"] | None = None
     temperature: float = Field(default=1.0, gt=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
     top_k: int = Field(default=0, ge=0)
