@@ -2,10 +2,17 @@
 
 One token per character of printable ASCII plus newline, and the special tokens ``<pad>``,
 ``<|endoftext|>`` (EOS) and ``<unk>``. Built with the ``tokenizers`` library (a ``WordLevel`` model
-over single characters, a pre-tokenizer that isolates every character, and a ``Fuse`` decoder so
+over single characters, a pre-tokenizer that isolates every character, and a byte-level decoder so
 ``decode`` concatenates without spaces), and saved so that
 ``transformers.AutoTokenizer.from_pretrained(dir)`` loads it offline. For every text over the
 alphabet, ``decode(encode(text)) == text`` exactly.
+
+The vocabulary spells each character the GPT-2 byte-level way (space ``Ġ``, newline ``Ċ``; printable
+ASCII is itself) behind a ``ByteLevel`` pre-tokenizer and decoder. transformers 5 loads a folder whose
+config.json says ``qwen2`` as ``Qwen2Tokenizer`` whatever tokenizer_config.json names, and that class
+replaces the pre-tokenizer and decoder with byte-level ones: with a plain-character vocabulary it
+silently dropped every space and newline on encode. Spelled this way, both loaders give the same ids
+(which are unchanged from the plain spelling, so the shipped models did not need retraining).
 """
 
 from __future__ import annotations
@@ -21,11 +28,20 @@ ALPHABET = "\n" + "".join(chr(c) for c in range(32, 127))  # newline + printable
 CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 
 
+def byte_level(char: str) -> str:
+    """`char` as GPT-2's byte-level alphabet spells it (" " -> "Ġ", "\n" -> "Ċ", "a" -> "a")."""
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    return ByteLevel(add_prefix_space=False, use_regex=False).pre_tokenize_str(char)[0][0]
+
+
 def char_vocab(alphabet: str = ALPHABET) -> dict[str, int]:
-    """Token -> id: the special tokens first (pad 0, eos 1, unk 2), then the characters."""
+    """Token -> id: the special tokens first (pad 0, eos 1, unk 2), then the characters (byte-level spelling)."""
     if len(set(alphabet)) != len(alphabet):
         raise ValueError("alphabet has repeated characters")
-    tokens = list(SPECIAL_TOKENS) + list(alphabet)
+    if any(len(c.encode()) != 1 for c in alphabet):
+        raise ValueError("the alphabet must be single-byte (ASCII) characters: one byte-level token each")
+    tokens = list(SPECIAL_TOKENS) + [byte_level(c) for c in alphabet]
     return {tok: i for i, tok in enumerate(tokens)}
 
 
@@ -36,8 +52,11 @@ def build_char_tokenizer(alphabet: str = ALPHABET):
 
     core = Tokenizer(models.WordLevel(vocab=char_vocab(alphabet), unk_token=UNK))
     # `[\s\S]` rather than `.`: the regex `.` would not match a newline.
-    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    core.decoder = decoders.Fuse()
+    core.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    core.decoder = decoders.ByteLevel()
     core.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     tok = PreTrainedTokenizerFast(
         tokenizer_object=core, pad_token=PAD, eos_token=EOS, unk_token=UNK,

@@ -78,7 +78,8 @@ def test_loads_and_matches_transformers():
     assert model.config.eos_token_id == (tok.eos_token_id,) and model.config.pad_token_id == tok.pad_token_id
     prompt = "a12+b7+c45+d3="
     text = prompt + cot.solution(prompt)
-    ids = build_char_tokenizer().encode(text, add_special_tokens=False)  # see the xfail test below
+    ids = tok.encode(text, add_special_tokens=False)
+    assert ids == build_char_tokenizer().encode(text, add_special_tokens=False)
     assert tok.decode(ids) == text and len(ids) == len(text)
     x = jnp.asarray([ids], jnp.int32)
     mask = jnp.ones_like(x)
@@ -89,10 +90,9 @@ def test_loads_and_matches_transformers():
     np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.xfail(reason="transformers 5 loads a folder whose config.json says qwen2 as Qwen2Tokenizer, whose "
-                          "encode drops the newlines and spaces of the traces (decode is exact); the trainer only "
-                          "encodes prompts, which have none", strict=False)
 def test_auto_tokenizer_encodes_traces_exactly():
+    """transformers 5 loads the folder as Qwen2Tokenizer (its config.json says qwen2); its encode used to
+    drop the newlines and spaces of the traces (data/char_tokenizer.py says why it no longer does)."""
     from transformers import AutoTokenizer
 
     from dapo_jax.data.char_tokenizer import build_char_tokenizer
