@@ -20,8 +20,15 @@ from dapo_jax.objectives.advantages import combine_rewards, to_tokens
 from dapo_jax.objectives.config import ObjectiveConfig
 from dapo_jax.objectives.dynamic_sampling import keep_groups
 from dapo_jax.objectives.policy_loss import LOG_RATIO_CLAMP, entropy_bonus, high_entropy_mask
-from dapo_jax.objectives.registry import (ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, OFF_POLICY_CORRECTIONS,
-                                          POLICY_LOSSES)
+from dapo_jax.objectives.process import StepRewards
+from dapo_jax.objectives.registry import (
+    ADVANTAGES,
+    AGGREGATIONS,
+    KL_ESTIMATORS,
+    OBJECTIVE_KINDS,
+    OFF_POLICY_CORRECTIONS,
+    POLICY_LOSSES,
+)
 from dapo_jax.objectives.shaping import overlong_filter, overlong_penalty
 
 
@@ -61,7 +68,11 @@ def objective_terms(cfg: ObjectiveConfig, *, logp, old_logp, advantages, mask, r
       ratio_mean / _min / _max, approx_kl (k3 of π_old -> π_θ), clip_frac_low / _high / _dual,
       advantage_mean, advantage_sq_mean, zero_adv_group_frac, high_entropy_kept (if on),
       behaviour_ratio_mean / _min / _max, behaviour_masked_frac, behaviour_capped_frac (if corrected).
+      With cfg.kind = "gdpo" the whole objective is `gdpo.gdpo_terms` (registry.OBJECTIVE_KINDS).
     """
+    if cfg.kind in OBJECTIVE_KINDS:  # an objective of its own, not a per-token policy loss
+        return OBJECTIVE_KINDS[cfg.kind](cfg, logp=logp, old_logp=old_logp, advantages=advantages, mask=mask,
+                                         ref_logp=ref_logp, entropy=entropy)
     m = jnp.asarray(mask, jnp.float32)
     if m.ndim != 3:
         raise ValueError(f"mask must be [P, G, T], got shape {m.shape}")
@@ -141,12 +152,18 @@ def compute_advantages(cfg: ObjectiveConfig, rewards, mask, kl=None, *, valid=No
 
     Args:
       rewards: [P, G], or [P, G, K] for K reward functions combined by cfg.multi_reward with
-        cfg.reward_weights ("normalize_then_sum" returns the GDPO advantage itself, [P, G]).
+        cfg.reward_weights ("normalize_then_sum" returns the GDPO advantage itself, [P, G]),
+        or `process.StepRewards` ([P, G, J] step rewards) for advantage="grpo_process".
       mask: [P, G, T] response mask (token-level estimators and KL-in-reward need it).
       kl: [P, G, T] per-token KL (e.g. `token_kl(cfg, old_logp, ref_logp)`); required when
         cfg.kl_in == "reward" and cfg.kl_beta > 0, ignored otherwise (beta = 0 needs no reference).
       valid: optional [P, G] responses that count in the statistics (others get 0).
     """
+    if isinstance(rewards, StepRewards):  # process supervision (objectives.md §12)
+        if not cfg.needs_step_rewards:
+            raise ValueError(f"step rewards given, but advantage={cfg.advantage!r} reads outcome rewards "
+                             f"(advantage='grpo_process' reads steps)")
+        return ADVANTAGES[cfg.advantage](rewards, mask=mask, valid=valid, eps=cfg.std_eps, unbiased=cfg.std_unbiased)
     r = jnp.asarray(rewards, jnp.float32)
     if r.ndim == 3:
         if cfg.multi_reward == "normalize_then_sum":

@@ -12,6 +12,7 @@ import pydantic
 import yaml
 
 from dapo_jax.objectives import advantages, aggregation, kl, off_policy, policy_loss
+from dapo_jax.objectives import gdpo, process
 from dapo_jax.objectives.config import ObjectiveConfig
 
 ADVANTAGES = {
@@ -21,6 +22,8 @@ ADVANTAGES = {
     "reinforce_pp": advantages.reinforce_pp,
     "reinforce_pp_baseline": advantages.reinforce_pp_baseline,
     "batch_norm": advantages.batch_norm,
+    "gdpo_pair": gdpo.gdpo_pair,  # marks each group's (best, worst) pair for kind="gdpo"
+    "grpo_process": process.grpo_process,  # step rewards (process.StepRewards), or one step per response
 }
 POLICY_LOSSES = {
     "clipped_surrogate": policy_loss.clipped_surrogate,
@@ -29,6 +32,9 @@ POLICY_LOSSES = {
     "cispo": policy_loss.cispo,
 }
 KL_ESTIMATORS = {"k1": kl.k1, "k2": kl.k2, "k3": kl.k3}
+# ObjectiveConfig.kind -> an objective of its own, called in place of the per-token policy-gradient
+# loss with objective_terms' arguments and returning its (loss_sum, denominator, metrics)
+OBJECTIVE_KINDS = {"gdpo": gdpo.gdpo_terms}
 AGGREGATIONS = {
     "token_mean": aggregation.token_mean,
     "seq_mean_token_mean": aggregation.seq_mean_token_mean,

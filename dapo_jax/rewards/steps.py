@@ -1,0 +1,130 @@
+"""Step rewards for process supervision (objectives.md §12): one reward per step, with where it ends.
+
+A step reward function is called as ``fn(response, prompt, answer) -> [(reward, char_end), ...]``:
+one entry per step of the response, ``char_end`` the index in ``response`` of the step's last
+character. Steps are lines here ("one step per line", DeepSeekMath's process supervision):
+
+=============== ====================================================================================
+name            steps
+=============== ====================================================================================
+``cot``         the chain-of-thought task (``dapo_jax.data.cot``): every non-blank line. A running-sum
+                line ``...+c4=16`` is +1 when its sum equals the true sum of the prompt's terms up to
+                the last label it names (``c``), a ``Total: N`` line when N equals the last such sum,
+                the ``Answer: N`` line when N is the answer; anything else, and every wrong sum, -1.
+``synthetic``   the embedded task: every non-blank line, +1 when it is the answer's integer, else -1
+                (its responses are one line: one step, the outcome reward)
+=============== ====================================================================================
+
+A line's running sum is judged against the truth, not against the line before it: after a slip,
+every later line is wrong too (the chain carries the error to the answer).
+
+:func:`make_step_scorer` turns the character ends into token indices (each token decoded alone,
+pieces concatenated: exact for character-level and byte-level BPE tokenizers as long as no character
+is split across two tokens) and pads the steps to fixed-shape ``[P, G, J]`` arrays, ``J`` = the
+response length ``T`` (a step is at least one token, so ``T`` slots always suffice when no two
+steps end in one token; surplus steps would be dropped).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from dapo_jax.data import cot, synthetic
+
+__all__ = ["STEP_REWARDS", "cot_steps", "synthetic_steps", "step_arrays", "make_step_scorer"]
+
+Steps = list[tuple[float, int]]
+_COT_PROMPT = re.compile(r"[a-z]\d+(?:\+[a-z]\d+)+=")
+_SUM_LINE = re.compile(r"(?P<lhs>[^=]*)=[ \t]*(?P<total>-?\d+)")
+_LABEL = re.compile(r"(?<![a-z])(?P<label>[a-z])\d+")
+_TOTAL_LINE = re.compile(r"Total:[ \t]*(-?\d+)")
+_ANSWER_LINE = re.compile(r"Answer:[ \t]*(-?\d+)")
+
+
+def _lines(response: str):
+    """(stripped text, index of its last character) of every non-blank line."""
+    start = 0
+    for line in response.split("\n"):
+        stripped = line.rstrip()
+        if stripped.strip():
+            yield stripped.strip(), start + len(stripped) - 1
+        start += len(line) + 1
+
+
+def cot_steps(response: str, prompt: str, answer: str | int) -> Steps:
+    """Step rewards of a chain-of-thought response (see the module table)."""
+    found = _COT_PROMPT.findall(prompt)
+    if not found:
+        raise ValueError(f"no cot problem (like 'a5+b7=') in the prompt {prompt!r}")
+    terms = cot.parse_prompt(found[-1])
+    prefix = np.cumsum(terms).tolist()  # prefix[k] = the true running sum through label LABELS[k]
+    steps: Steps = []
+    last_sum = None  # the true sum of the last running-sum line
+    for text, end in _lines(response):
+        ok = False
+        if m := _ANSWER_LINE.fullmatch(text):
+            ok = int(m.group(1)) == int(answer)
+        elif m := _TOTAL_LINE.fullmatch(text):
+            ok = last_sum is not None and int(m.group(1)) == last_sum
+        elif (m := _SUM_LINE.fullmatch(text)) and (labels := _LABEL.findall(m.group("lhs"))):
+            k = cot.LABELS.index(labels[-1])
+            last_sum = prefix[k] if k < len(terms) else None
+            ok = last_sum is not None and int(m.group("total")) == last_sum
+        steps.append((1.0 if ok else -1.0, end))
+    return steps
+
+
+def synthetic_steps(response: str, prompt: str, answer: str | int) -> Steps:
+    """Every non-blank line is a step: +1 when it is exactly the answer's integer, else -1."""
+    del prompt
+    return [(1.0 if synthetic.is_correct(text, str(answer)) else -1.0, end) for text, end in _lines(response)]
+
+
+STEP_REWARDS: dict[str, Callable[[str, str, str], Steps]] = {"cot": cot_steps, "synthetic": synthetic_steps}
+
+
+def step_arrays(fn, pieces: Sequence[Sequence[str]], prompts: Sequence[str], answers: Sequence[str], *,
+                max_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Step rewards of N responses given as their tokens' text pieces, padded to `max_steps`.
+
+    Returns (rewards [N, J] float32, ends [N, J] int32 token indices, mask [N, J] float32).
+    The token of character `c` is the first token whose pieces reach past `c`.
+    """
+    n = len(pieces)
+    rewards = np.zeros((n, max_steps), np.float32)
+    ends = np.zeros((n, max_steps), np.int32)
+    mask = np.zeros((n, max_steps), np.float32)
+    for i, (toks, prompt, answer) in enumerate(zip(pieces, prompts, answers, strict=True)):
+        reach = np.cumsum([len(p) for p in toks])
+        steps = fn("".join(toks), prompt, answer)[:max_steps]
+        for j, (reward, char_end) in enumerate(steps):
+            rewards[i, j] = reward
+            ends[i, j] = np.searchsorted(reach, char_end, side="right")
+            mask[i, j] = 1.0
+    return rewards, ends, mask
+
+
+def make_step_scorer(name: str, tokenizer):
+    """`(response_ids [P, G, T], response_mask [P, G, T], prompts [P], answers [P]) -> dict` of the
+    `Groups` step fields `step_rewards`, `step_ends`, `step_mask`, each [P, G, T]."""
+    if name not in STEP_REWARDS:
+        raise KeyError(f"reward {name!r} has no step rewards; step rewards exist for {sorted(STEP_REWARDS)}")
+    fn = STEP_REWARDS[name]
+
+    def score(response_ids, response_mask, prompts, answers) -> dict[str, np.ndarray]:
+        ids = np.asarray(response_ids)
+        p, g, t = ids.shape
+        vocab = np.unique(ids)  # decode each distinct token once
+        text = dict(zip(vocab.tolist(), tokenizer.batch_decode([[int(x)] for x in vocab], skip_special_tokens=True)))
+        keep = np.asarray(response_mask).reshape(p * g, t) > 0
+        rows = ids.reshape(p * g, t).tolist()
+        pieces = [[text[x] if k else "" for x, k in zip(row, kept)] for row, kept in zip(rows, keep.tolist())]
+        rep = lambda xs: [x for x in xs for _ in range(g)]  # noqa: E731
+        rewards, ends, mask = step_arrays(fn, pieces, rep(prompts), rep(answers), max_steps=t)
+        return {"step_rewards": rewards.reshape(p, g, t), "step_ends": ends.reshape(p, g, t),
+                "step_mask": mask.reshape(p, g, t)}
+
+    return score

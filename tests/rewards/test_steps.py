@@ -1,0 +1,95 @@
+"""Step rewards (process supervision) on hand-written chain-of-thought traces, and their token ends."""
+
+import numpy as np
+import pytest
+
+from dapo_jax.data import cot
+from dapo_jax.data.char_tokenizer import build_char_tokenizer
+from dapo_jax.rewards.steps import STEP_REWARDS, cot_steps, make_step_scorer, step_arrays, synthetic_steps
+
+PROMPT = "a5+b7+c4+d3="  # running sums 5, 12, 16, 19
+
+
+def line_ends(text):
+    """Index of the last non-blank character of every non-blank line, written out by hand-ish means."""
+    ends, pos = [], 0
+    for line in text.split("\n"):
+        if line.strip():
+            ends.append(pos + len(line.rstrip()) - 1)
+        pos += len(line) + 1
+    return ends
+
+
+def test_reference_trace_every_line_right_and_ends_on_each_lines_last_character():
+    text = "a5+b7=12\n12+c4=16\n16+d3=19\nAnswer: 19"
+    assert text == cot.solution(PROMPT)
+    assert cot_steps(text, PROMPT, "19") == [(1.0, 7), (1.0, 16), (1.0, 25), (1.0, 36)]
+
+
+@pytest.mark.parametrize("text, rewards", [
+    # a slip carried on: every running sum from the slip on is wrong, and so is the answer
+    ("a5+b7=12\n12+c4=17\n17+d3=20\nAnswer: 20", [1, -1, -1, -1]),
+    # a slip corrected on the next line: judged against the truth, each line on its own
+    ("a5+b7=12\n12+c4=17\n16+d3=19\nAnswer: 19", [1, -1, 1, 1]),
+    # terse (two terms a line) and verbose (Total lines restate the last running sum)
+    ("a5+b7+c4=16\n16+d3=19\nAnswer: 19", [1, 1, 1]),
+    ("a5+b7=12\nTotal: 12\n12+c4=16\nTotal: 15\nAnswer: 19", [1, 1, 1, -1, 1]),
+    # blank lines are not steps; garbage, unknown labels and a Total before any sum are -1
+    ("Total: 5\n\na5+b7=12\n  \n12+x4=16\nhello\nAnswer: 19\n", [-1, 1, -1, -1, 1]),
+    # cut off before the Answer line, then text after an Answer line
+    ("a5+b7=12\n12+c4=16\n16+d", [1, 1, -1]),
+    ("a5+b7=12\n12+c4=16\n16+d3=19\nAnswer: 18\nAnswer: 19", [1, 1, 1, -1, 1]),
+    ("", []),
+])
+def test_hand_written_traces(text, rewards):
+    steps = cot_steps(text, PROMPT, "19")
+    assert [r for r, _ in steps] == rewards
+    assert [e for _, e in steps] == line_ends(text)
+
+
+def test_prompt_inside_a_template_and_a_prompt_without_a_problem():
+    assert cot_steps("a5+b7=12", "Solve:\na5+b7+c4+d3=\n", "19") == [(1.0, 7)]
+    with pytest.raises(ValueError, match="no cot problem"):
+        cot_steps("a5+b7=12", "what is 5+7?", "12")
+
+
+def test_synthetic_steps_one_step_per_line():
+    assert synthetic_steps("19", "12+7=", "19") == [(1.0, 1)]
+    assert synthetic_steps("18", "12+7=", "19") == [(-1.0, 1)]
+    assert synthetic_steps("19\n19", "12+7=", "19") == [(1.0, 1), (1.0, 4)]
+    assert set(STEP_REWARDS) == {"cot", "synthetic"}
+
+
+def test_token_ends_with_multi_character_pieces():
+    # pieces: "a5+", "b7", "=12\n", "12", "+c4=1", "7", "" (EOS), then padding
+    pieces = [["a5+", "b7", "=12\n", "12", "+c4=1", "7", ""]]
+    rewards, ends, mask = step_arrays(cot_steps, pieces, ["a5+b7+c4="], ["16"], max_steps=4)
+    np.testing.assert_array_equal(rewards, [[1, -1, 0, 0]])
+    np.testing.assert_array_equal(ends, [[2, 5, 0, 0]])  # "=12\n" holds line 1's last char; "7" line 2's
+    np.testing.assert_array_equal(mask, [[1, 1, 0, 0]])
+    _, _, mask = step_arrays(cot_steps, pieces, ["a5+b7+c4="], ["16"], max_steps=1)  # surplus steps dropped
+    np.testing.assert_array_equal(mask, [[1]])
+
+
+def test_step_scorer_on_token_ids_of_the_character_tokenizer():
+    tok = build_char_tokenizer()
+    texts = ["a5+b7=12\n12+c4=17\nAnswer: 19", "a5+b7=12\n12+c4=16\n16+d3=19\nAnswer: 19"]
+    T = 40
+    ids = np.full((1, 2, T), tok.pad_token_id, np.int32)
+    mask = np.zeros((1, 2, T), np.float32)
+    for g, text in enumerate(texts):
+        row = tok.convert_tokens_to_ids(list(text)) + [tok.eos_token_id]
+        ids[0, g, : len(row)] = row
+        mask[0, g, : len(row)] = 1
+    ids[0, 0, len(texts[0]) + 1] = tok.convert_tokens_to_ids("7")  # past the mask: never read
+    out = make_step_scorer("cot", tok)(ids, mask, [PROMPT], ["19"])
+    assert {k: v.shape for k, v in out.items()} == {k: (1, 2, T) for k in ("step_rewards", "step_ends", "step_mask")}
+    for g, text in enumerate(texts):
+        steps = cot_steps(text, PROMPT, "19")
+        n = len(steps)
+        np.testing.assert_array_equal(out["step_rewards"][0, g, :n], [r for r, _ in steps])
+        np.testing.assert_array_equal(out["step_ends"][0, g, :n], [e for _, e in steps])  # 1 char = 1 token
+        assert out["step_mask"][0, g].sum() == n
+    np.testing.assert_array_equal(out["step_rewards"][0, 0, :3], [1, -1, 1])
+    with pytest.raises(KeyError, match="no step rewards"):
+        make_step_scorer("gsm8k", tok)
