@@ -201,6 +201,12 @@ def run_one(plan: Plan, row: Row, seed: int, name: str) -> str | None:
 SINGLE_THREAD_XLA = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 
 
+def say(line: str) -> None:
+    """One whole line to stdout (the --jobs threads' lines must not interleave)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def _run_child(argv: list[str], row: Row, seed: int, plan: Plan, name: str, cores: queue.Queue) -> str | None:
     """Runs `row` x `seed` in a child process of this script pinned to one free core."""
     core = cores.get()
@@ -211,17 +217,16 @@ def _run_child(argv: list[str], row: Row, seed: int, plan: Plan, name: str, core
            "--name", name]
     try:
         with open(path / "ablate.log", "a") as log:
-            print(f"[ablate] {name}: training {plan.steps} steps on core {core}, log in {path / 'ablate.log'}",
-                  flush=True)
+            say(f"[ablate] {name}: training {plan.steps} steps on core {core}, log in {path / 'ablate.log'}")
             pin = (lambda: os.sched_setaffinity(0, {core})) if hasattr(os, "sched_setaffinity") else None
             rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=pin).returncode
     finally:
         cores.put(core)
     done = _done(path)
     if rc != 0 or done["steps"] < plan.steps:
-        print(f"[ablate] {name}: FAILED (exit {rc}; see {path / 'ablate.log'})", flush=True)
+        say(f"[ablate] {name}: FAILED (exit {rc}; see {path / 'ablate.log'})")
         return f"exit {rc}, see {path / 'ablate.log'}"
-    print(f"[ablate] {name}: done in {done['wall_s'][-1]:.1f} s", flush=True)
+    say(f"[ablate] {name}: done in {done['wall_s'][-1]:.1f} s")
     return None
 
 

@@ -97,13 +97,22 @@ def entropy_bonus(loss, entropy, *, coef: float):
     return loss - coef * _f32(entropy)
 
 
-def high_entropy_mask(entropy, mask, *, quantile: float):
+def high_entropy_threshold(entropy, mask, *, quantile: float):
+    """The (1 - q) quantile of the valid tokens' entropies (numpy's linear interpolation); NaN when
+    nothing is valid. Any shape: the trainer passes a whole update batch, every micro-batch stacked."""
+    h = jnp.where(_f32(mask) > 0, _f32(entropy), jnp.nan)
+    return jnp.nanquantile(h.reshape(-1), 1.0 - quantile)
+
+
+def high_entropy_mask(entropy, mask, *, quantile: float, threshold=None):
     """Keep tokens whose entropy is at or above the (1 - q) quantile of the valid tokens' entropies.
 
-    The quantile is numpy's linear interpolation over the valid tokens of the arrays given (the
-    batch the caller passes). Returns a float mask [P, G, T]; all zero when nothing is valid.
+    `threshold`: that quantile taken over a larger batch (the whole update batch, so the kept tokens
+    do not depend on how it is split into micro-batches or devices); None = over the arrays given.
+    Returns a float mask [P, G, T]; all zero when nothing is valid.
     """
     m = _f32(mask)
-    h = jnp.where(m > 0, _f32(entropy), jnp.nan)
-    threshold = jnp.nanquantile(h.reshape(-1), 1.0 - quantile)
-    return m * (jnp.nan_to_num(h, nan=-jnp.inf) >= threshold)
+    if threshold is None:
+        threshold = high_entropy_threshold(entropy, m, quantile=quantile)
+    h = jnp.where(m > 0, _f32(entropy), -jnp.inf)
+    return m * (h >= threshold)

@@ -50,6 +50,8 @@ class Batch(NamedTuple):
     # [P, G, T] float32: log μ, the sampler's own log-probs, when an off-policy correction compares
     # them with a recomputed old_logp (objectives.md §13); None = not carried
     behaviour_logp: jax.Array | None = None
+    # [P, G, T] float32: VAPO's positive-example NLL weights (objectives/nll.py); None = no NLL term
+    nll_weight: jax.Array | None = None
 
 
 def make_schedule(optim, *, decay_steps: int = 1) -> optax.Schedule:
@@ -129,14 +131,18 @@ def make_train_step(
     if loss_terms is None:
         from dapo_jax.objectives.loss import objective_terms as loss_terms
 
-    def micro_loss(params, mb: Batch):
+    quantile = getattr(objective, "high_entropy_quantile", None)
+
+    def micro_loss(params, mb: Batch, entropy_threshold):
         logp, entropy = policy_logprobs(
             graphdef, params, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
             temperature=temperature,
         )
-        extra_terms = {}
+        extra_terms = {} if quantile is None else {"entropy_threshold": entropy_threshold}
         if mb.behaviour_logp is not None:
             extra_terms["behaviour_logp"] = mb.behaviour_logp
+        if mb.nll_weight is not None:
+            extra_terms["nll_weight"] = mb.nll_weight
         loss_sum, den, metrics = loss_terms(
             objective, logp=logp, old_logp=mb.old_logp, advantages=mb.advantages, mask=mb.response_mask,
             ref_logp=mb.ref_logp if use_ref else None, entropy=entropy, **extra_terms,
@@ -147,11 +153,25 @@ def make_train_step(
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
+    def entropy_threshold(params, mini: Batch):
+        """The high-entropy mask's quantile over every valid token of the mini-batch (all its
+        micro-batches, and all devices under jit's sharding): one extra forward pass, without
+        gradient, so the kept tokens do not depend on `micro_batches` or the mesh."""
+        if quantile is None:
+            return jnp.zeros((), jnp.float32)
+        from dapo_jax.objectives.policy_loss import high_entropy_threshold
+
+        entropy = jax.lax.map(lambda mb: policy_logprobs(
+            graphdef, params, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+            temperature=temperature)[1], mini)
+        return high_entropy_threshold(jax.lax.stop_gradient(entropy), mini.response_mask, quantile=quantile)
+
     def minibatch_update(carry, mini: Batch):
         params, opt_state, step, skipped = carry
+        threshold = entropy_threshold(params, mini)
 
         def accumulate(acc, mb):
-            (loss_sum, (den, metrics, extra)), grads = grad_fn(params, mb)
+            (loss_sum, (den, metrics, extra)), grads = grad_fn(params, mb, threshold)
             acc = jax.tree.map(jnp.add, acc, (grads, loss_sum, den, extra))
             return acc, metrics
 

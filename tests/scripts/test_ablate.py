@@ -3,6 +3,7 @@ the tables are mean ± sd over seeds of what metrics.jsonl holds, and the script
 
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -249,3 +250,32 @@ def test_a_failed_run_is_reported_and_the_others_go_on(tmp_path, monkeypatch):
     with pytest.raises(Preempted):
         ablate.main(argv)
     assert trained[6:] == ["preempted"]
+
+
+def test_jobs_run_children_one_core_and_one_xla_thread_each_and_report_failures(tmp_path, monkeypatch):
+    """--jobs 2: each run is a child process of the script (`--only ROW/SEED`) pinned to a core with a
+    single-threaded XLA; a child that exits non-zero (or leaves its run unfinished) fails that run only."""
+    calls = []
+
+    def fake_run(cmd, env, stdout, stderr, preexec_fn):
+        only = cmd[cmd.index("--only") + 1]
+        i = cmd.index("--only")
+        assert cmd[i - 2:i] == ["--jobs", "1"]  # the child trains its one run itself
+        calls.append((only, env["XLA_FLAGS"]))
+        key, seed = only.split("/")
+        run = tmp_path / "runs" / key / f"seed{seed}"
+        if key == "dapo":
+            return subprocess.CompletedProcess(cmd, 1)
+        write_run(run, [0.2, 0.3, 0.4], [0.5, 0.4, 0.3, 0.2], [4, 4, 4, 4])
+        (run / ablate.DONE_FILE).write_text(json.dumps({"steps": 4, "wall_s": [1.5]}))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(ablate.subprocess, "run", fake_run)
+    out = tmp_path / "ablation.md"
+    argv = [str(TINY), "--steps", "4", "--seeds", "1", "--rows", "grpo,dapo", "--out", str(out),
+            "--runs-dir", str(tmp_path / "runs"), "--no-compile-cache", "--jobs", "2"]
+    assert ablate.main(argv) == 1
+    assert sorted(c[0] for c in calls) == ["dapo/0", "grpo/0"]
+    assert all(ablate.SINGLE_THREAD_XLA in flags for _, flags in calls)
+    text = out.read_text()
+    assert "left out of the tables: dapo/seed0" in text and "| naive GRPO | 0.400 |" in text
