@@ -3,6 +3,7 @@ the tables are mean ± sd over seeds of what metrics.jsonl holds, and the script
 
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -256,8 +257,11 @@ def test_jobs_run_children_one_core_and_one_xla_thread_each_and_report_failures(
     """--jobs 2: each run is a child process of the script (`--only ROW/SEED`) pinned to a core with a
     single-threaded XLA; a child that exits non-zero (or leaves its run unfinished) fails that run only."""
     calls = []
+    real_run = subprocess.run
 
-    def fake_run(cmd, env, stdout, stderr, preexec_fn):
+    def fake_run(cmd, env=None, stdout=None, stderr=None, preexec_fn=None, **kw):
+        if "--only" not in cmd:  # e.g. lscpu for the report's machine line
+            return real_run(cmd, stdout=stdout, stderr=stderr, **kw)
         only = cmd[cmd.index("--only") + 1]
         i = cmd.index("--only")
         assert cmd[i - 2:i] == ["--jobs", "1"]  # the child trains its one run itself
@@ -266,8 +270,8 @@ def test_jobs_run_children_one_core_and_one_xla_thread_each_and_report_failures(
         run = tmp_path / "runs" / key / f"seed{seed}"
         if key == "dapo":
             return subprocess.CompletedProcess(cmd, 1)
-        write_run(run, [0.2, 0.3, 0.4], [0.5, 0.4, 0.3, 0.2], [4, 4, 4, 4])
-        (run / ablate.DONE_FILE).write_text(json.dumps({"steps": 4, "wall_s": [1.5]}))
+        shutil.rmtree(run)  # the parent made it for the child's log
+        write_run(run, [0.2, 0.3, 0.4], [0.5, 0.4, 0.3, 0.2], [4, 4, 4, 4])  # and marks it finished
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(ablate.subprocess, "run", fake_run)
