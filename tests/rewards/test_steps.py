@@ -78,10 +78,11 @@ def test_step_scorer_on_token_ids_of_the_character_tokenizer():
     ids = np.full((1, 2, T), tok.pad_token_id, np.int32)
     mask = np.zeros((1, 2, T), np.float32)
     for g, text in enumerate(texts):
-        row = tok.convert_tokens_to_ids(list(text)) + [tok.eos_token_id]
+        row = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+        assert len(row) == len(text) + 1  # one token per character
         ids[0, g, : len(row)] = row
         mask[0, g, : len(row)] = 1
-    ids[0, 0, len(texts[0]) + 1] = tok.convert_tokens_to_ids("7")  # past the mask: never read
+    ids[0, 0, len(texts[0]) + 1] = tok.encode("7", add_special_tokens=False)[0]  # past the mask: never read
     out = make_step_scorer("cot", tok)(ids, mask, [PROMPT], ["19"])
     assert {k: v.shape for k, v in out.items()} == {k: (1, 2, T) for k in ("step_rewards", "step_ends", "step_mask")}
     for g, text in enumerate(texts):
