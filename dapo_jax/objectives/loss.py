@@ -19,6 +19,7 @@ from dapo_jax.objectives import diagnostics as diag
 from dapo_jax.objectives.advantages import combine_rewards, to_tokens
 from dapo_jax.objectives.config import ObjectiveConfig
 from dapo_jax.objectives.dynamic_sampling import keep_groups
+from dapo_jax.objectives.nll import nll_terms
 from dapo_jax.objectives.policy_loss import LOG_RATIO_CLAMP, entropy_bonus, high_entropy_mask
 from dapo_jax.objectives.process import StepRewards
 from dapo_jax.objectives.registry import (
@@ -45,7 +46,7 @@ def token_kl(cfg: ObjectiveConfig, logp, ref_logp):
 
 
 def objective_terms(cfg: ObjectiveConfig, *, logp, old_logp, advantages, mask, ref_logp=None, entropy=None,
-                    behaviour_logp=None):
+                    entropy_threshold=None, behaviour_logp=None, nll_weight=None):
     """The loss of one (micro-)batch as an additive pair, plus additive metrics.
 
     Args:
@@ -56,9 +57,14 @@ def objective_terms(cfg: ObjectiveConfig, *, logp, old_logp, advantages, mask, r
       mask: [P, G, T] 1 on response tokens (EOS included), 0 on padding / filtered responses.
       ref_logp: [P, G, T] log π_ref; required only when cfg.kl_beta > 0 and cfg.kl_in == "loss".
       entropy: [P, G, T] per-token entropy; required only when cfg.needs_entropy.
+      entropy_threshold: scalar, the high-entropy mask's quantile taken over the whole update batch
+        (`policy_loss.high_entropy_threshold`; the trainer passes it so the mask does not depend on
+        `micro_batches` or the mesh); None = the quantile of this batch's valid tokens.
       behaviour_logp: [P, G, T] log μ, the sampler's log-probs of the sampled tokens (constant);
         required only when cfg.off_policy_correction is set (`off_policy.py`: TIS weights multiply ℓ,
         masking removes tokens / responses from the loss and the denominator).
+      nll_weight: [P, G, T] VAPO's positive-example NLL weights (`nll.nll_weights`, constant); required
+        only when cfg.nll_coef > 0: adds Σ -logp·w to loss_sum (metric `nll`).
 
     Returns:
       (loss_sum, denominator, metrics): float32 scalars with loss = Σ loss_sum / Σ den over micro-batches;
@@ -109,7 +115,8 @@ def objective_terms(cfg: ObjectiveConfig, *, logp, old_logp, advantages, mask, r
         if cfg.entropy_coef != 0:
             loss = entropy_bonus(loss, entropy, coef=cfg.entropy_coef)
         if cfg.high_entropy_quantile is not None:
-            train_mask = high_entropy_mask(jax.lax.stop_gradient(entropy), m, quantile=cfg.high_entropy_quantile)
+            train_mask = high_entropy_mask(jax.lax.stop_gradient(entropy), m, quantile=cfg.high_entropy_quantile,
+                                           threshold=entropy_threshold)
             metrics["high_entropy_kept"] = (jnp.sum(train_mask), jnp.sum(m))
 
     if cfg.off_policy_correction is not None:
@@ -123,6 +130,12 @@ def objective_terms(cfg: ObjectiveConfig, *, logp, old_logp, advantages, mask, r
         metrics.update(corr.metrics)
 
     loss_sum, denominator = AGGREGATIONS[cfg.loss_agg](loss, train_mask, max_response_length=cfg.max_response_length)
+    if cfg.nll_coef > 0:
+        if nll_weight is None:
+            raise ValueError(f"nll_weight is required: nll_coef={cfg.nll_coef} (see objectives/nll.py)")
+        nll_sum, nll_metrics = nll_terms(logp, jax.lax.stop_gradient(nll_weight))
+        loss_sum = loss_sum + nll_sum
+        metrics.update(nll_metrics)
 
     # Diagnostics: no gradient flows through them.
     r = jax.lax.stop_gradient(ratio)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pydantic
 import yaml
 
-from dapo_jax.objectives import advantages, aggregation, kl, off_policy, policy_loss
+from dapo_jax.objectives import advantages, aggregation, gae, kl, off_policy, policy_loss
 from dapo_jax.objectives import gdpo, process
 from dapo_jax.objectives.config import ObjectiveConfig
 
@@ -24,6 +24,7 @@ ADVANTAGES = {
     "batch_norm": advantages.batch_norm,
     "gdpo_pair": gdpo.gdpo_pair,  # marks each group's (best, worst) pair for kind="gdpo"
     "grpo_process": process.grpo_process,  # step rewards (process.StepRewards), or one step per response
+    "gae": gae.gae_advantages,  # needs the critic's values: training/critic.py supplies them
 }
 POLICY_LOSSES = {
     "clipped_surrogate": policy_loss.clipped_surrogate,

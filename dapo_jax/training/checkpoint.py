@@ -6,7 +6,8 @@
 
 Each checkpoint holds three items: `state` (params, optimizer state, counters: restored onto the
 target's shardings, so a run may resume on a different mesh shape), `meta` (JSON: step, RNG key,
-prompt-stream position, ...) and, when present, `carry` (kept groups carried to the next step).
+prompt-stream position, ...) and, when present, `carry` (kept groups carried to the next step) and
+`critic` (the value model's state of PPO / VAPO: `save(..., critic=...)`, `restore(..., critic=target)`).
 
 A checkpoint never fails silently:
 
@@ -82,6 +83,7 @@ class Restored(NamedTuple):
     meta: dict
     carry: dict | None
     quarantined: list[int] = []  # steps moved to checkpoints/corrupt/ by this restore, newest first
+    critic: Any = None  # the critic's state (PPO / VAPO), restored when a critic target is given
 
 
 def abstract_like(tree):
@@ -178,13 +180,17 @@ class Checkpointer:
     def all_steps(self) -> list[int]:
         return sorted(self.manager.all_steps())
 
-    def save(self, step: int, state, *, meta: dict, carry: dict | None = None) -> None:
+    def save(self, step: int, state, *, meta: dict, carry: dict | None = None, critic=None) -> None:
         """Starts an (async) save; the previous save is finished first. Raises NonFiniteStateError,
-        writing nothing, when a float leaf of `state` is NaN or inf. `meta` must be JSON; its keys
-        `step`, `has_carry`, `checksums` and `meta_crc32` are this module's."""
+        writing nothing, when a float leaf of `state` (or `critic`, a critic's state saved beside it)
+        is NaN or inf. `meta` must be JSON; its keys `step`, `has_carry`, `checksums` and
+        `meta_crc32` are this module's."""
         step = int(step)
         sums = {"state": _fingerprints(state, refuse_non_finite=f"checkpoint {self.directory}/{step}")}
         items = {"state": ocp.args.StandardSave(state)}
+        if critic is not None:
+            sums["critic"] = _fingerprints(critic, refuse_non_finite=f"checkpoint {self.directory}/{step}")
+            items["critic"] = ocp.args.StandardSave(critic)
         if carry is not None:
             carry = {k: np.asarray(v) for k, v in carry.items()}
             sums["carry"] = _fingerprints(carry)
@@ -201,9 +207,10 @@ class Checkpointer:
         self.manager.wait_until_finished()
         self.manager.close()
 
-    def restore(self, step: int, target) -> Restored:
+    def restore(self, step: int, target, *, critic=None) -> Restored:
         """Restores `step` onto `target`'s shapes, dtypes and shardings (a pytree of arrays or abstract
-        arrays), verified against the checksums recorded at save time.
+        arrays), verified against the checksums recorded at save time; with `critic` (a target like
+        `target`), also the critic's state saved beside it (CheckpointError when there is none).
 
         Raises CheckpointCorruptError when it cannot be read or does not match, CheckpointError when it
         does not fit `target`, FileNotFoundError when there is no such step."""
@@ -226,7 +233,14 @@ class Checkpointer:
             raise CheckpointCorruptError(f"checkpoint {where} is corrupt: its meta JSON does not match its checksum")
         else:
             _check_fits(target, sums["state"], where)
+            if critic is not None:
+                if "critic" not in sums:
+                    raise CheckpointError(f"checkpoint {where} holds no critic state, and this run has a critic "
+                                          f"(objective changed?)")
+                _check_fits(critic, sums["critic"], where)
         items = {"state": ocp.args.StandardRestore(abstract_like(target))}
+        if critic is not None:
+            items["critic"] = ocp.args.StandardRestore(abstract_like(critic))
         if meta.get("has_carry"):
             items["carry"] = ocp.args.StandardRestore()
         try:
@@ -243,16 +257,18 @@ class Checkpointer:
             _verify(out["state"], sums["state"], where, "state")
             if carry is not None:
                 _verify(carry, sums.get("carry", {}), where, "carry")
-        return Restored(step, out["state"], meta, carry, [])
+            if critic is not None:
+                _verify(out["critic"], sums["critic"], where, "critic")
+        return Restored(step, out["state"], meta, carry, [], out["critic"] if critic is not None else None)
 
-    def restore_latest(self, target) -> Restored | None:
+    def restore_latest(self, target, *, critic=None) -> Restored | None:
         """The newest good checkpoint, after quarantining every newer corrupt one; None when there is
         no checkpoint at all. Raises CheckpointUnreadableError when none is readable."""
         self.wait()
         tried, quarantined = self.all_steps()[::-1], []
         for step in tried:
             try:
-                return self.restore(step, target)._replace(quarantined=quarantined)
+                return self.restore(step, target, critic=critic)._replace(quarantined=quarantined)
             except CheckpointCorruptError as e:
                 moved_to = self._quarantine(step)
                 quarantined.append(step)

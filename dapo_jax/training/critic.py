@@ -53,7 +53,7 @@ def critic_values(graphdef, params, prompt_ids, prompt_mask, response_ids, respo
 
 def policy_nll_weights(objective, mask, correct, *, num_minibatches: int, micro_batches: int):
     """VAPO's NLL weights `[P, G, T]` for the policy update that splits the batch like `train_step`
-    (prompt r is in optimizer batch `(r // micro_batches) % num_minibatches`); zeros when μ = 0."""
+    (prompt r is in optimizer batch `(r // micro_batches) % num_minibatches`); None when μ = 0."""
     p = mask.shape[0]
     if objective.nll_coef == 0:
         return None

@@ -18,6 +18,7 @@ import dataclasses
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +29,7 @@ from dapo_jax.parallel.host import to_global, to_host
 from dapo_jax.training import sources
 from dapo_jax.training.checkpoint import Checkpointer, CheckpointUnreadableError
 from dapo_jax.training.config import ConfigError, RunConfig, resolve_path
+from dapo_jax.training.critic import Critic
 from dapo_jax.training.evaluate import eval_key, evaluate
 from dapo_jax.training.group_filter import GroupFilter, selection_stats
 from dapo_jax.training.guards import NonFiniteMonitor, Preempted, Preemption
@@ -122,6 +124,7 @@ class _Run:
     carry: Groups | None
     steps_skipped: int = 0  # steps with no group to train on (dynamic sampling starved under train_on_kept)
     group_filter: dict | None = None  # GFPO's streaming difficulty statistic (`GroupFilter.state_dict`)
+    critic: Any = None  # the critic's TrainState (PPO / VAPO: training/critic.py)
 
 
 def train(cfg: RunConfig) -> dict:
@@ -176,14 +179,16 @@ def train(cfg: RunConfig) -> dict:
             micro_batches=o.micro_batches, temperature=scfg.logprob_temperature,
             use_ref=objective.needs_reference and objective.kl_in == "loss",
         )
+        critic = Critic.build(cfg, mesh) if objective.uses_critic else None  # PPO / VAPO's value model
 
         recompute_old_logp = cfg.recompute_old_logp  # follows precision unless set (RunConfig.recompute_old_logp)
 
         @jax.jit
         def prepare(params, ref_params, prompt_ids, prompt_mask, response_ids, response_mask, old_logp,
-                    rewards, valid, steps=None):
+                    rewards, valid, steps=None, critic_params=None, correct=None):
             """Reference / recomputed old log-probs and the advantages: [P, G, T] device tensors (from
-            the step rewards `steps` instead of `rewards` when given: process supervision)."""
+            the step rewards `steps` instead of `rewards` when given: process supervision), and the
+            critic's batch (None without a critic)."""
             behaviour_logp = old_logp  # log μ: the sampler's own log-probs
             if recompute_old_logp:
                 old_logp, _ = logprob_fn(params, prompt_ids, prompt_mask, response_ids, response_mask)
@@ -192,14 +197,17 @@ def train(cfg: RunConfig) -> dict:
             if ref_params is not None:
                 ref_logp, _ = logprob_fn(ref_params, prompt_ids, prompt_mask, response_ids, response_mask)
                 kl = token_kl(objective, old_logp, ref_logp)
+            batch = Batch(prompt_ids, prompt_mask, response_ids, response_mask.astype(jnp.float32),
+                          old_logp, None, ref_logp, behaviour_logp if objective.needs_behaviour_logp else None)
+            if critic is not None:  # GAE on the critic's values, VAPO's NLL weights (training/critic.py)
+                return critic.prepare(critic_params, batch, rewards, valid, correct, kl)
             adv = compute_advantages(objective, rewards if steps is None else steps, response_mask, kl, valid=valid)
             adv = jnp.broadcast_to(adv[..., None] if adv.ndim == 2 else adv, response_mask.shape) * response_mask
-            return Batch(prompt_ids, prompt_mask, response_ids, response_mask.astype(jnp.float32),
-                         old_logp, adv, ref_logp, behaviour_logp if objective.needs_behaviour_logp else None)
+            return batch._replace(advantages=adv), None
 
         ckpt = Checkpointer(run_dir.path / "checkpoints", keep=cfg.train.keep_checkpoints)
         cleanup.callback(ckpt.close)  # however the run ends, a started save completes
-        state, run = _restore(cfg, ckpt, state, stream, say)
+        state, run = _restore(cfg, ckpt, state, stream, say, critic.init_state if critic is not None else None)
         if group_filter is not None:
             group_filter.load_state_dict(run.group_filter)
         run_dir.save_config()  # the run really starts here
@@ -253,6 +261,17 @@ def train(cfg: RunConfig) -> dict:
 
         last = run_eval(0) if run.step == 0 else {}
         evaluated_at = 0 if run.step == 0 else None
+        if critic is not None and run.step == 0:  # VAPO's value pre-training on the initial policy's rollouts
+            def pretrain_batch(i: int):
+                g = collect_groups(lambda j: sample_round(0, i), None, train_batch=r.train_batch, max_gen_batches=1,
+                                   on_starvation="train_on_kept")[0]
+                host = (g.prompt_ids, g.prompt_mask, g.response_ids, g.response_mask, g.rewards,
+                        np.broadcast_to(g.valid[:, None], g.rewards.shape))
+                return to_global(host, batch_sharding(mesh))
+
+            run.critic, pre = critic.pretrain(run.critic, pretrain_batch, say)
+            if pre:
+                writer.write(0, pre)
         bar = tqdm(total=cfg.train.steps, initial=run.step, disable=not (cfg.train.progress and main), desc="train")
         while run.step < cfg.train.steps:
             step = run.step + 1
@@ -274,9 +293,14 @@ def train(cfg: RunConfig) -> dict:
                 host = (groups.prompt_ids, groups.prompt_mask, groups.response_ids, groups.response_mask * sel[..., None],
                         groups.old_logp, groups.rewards, groups.valid[:, None] & sel)
                 steps = StepRewards(groups.step_rewards, groups.step_ends, groups.step_mask) if step_scorer else None
-                batch = prepare(state.params, ref_params, *to_global(host, batch_sharding(mesh)),
-                                steps=to_global(steps, batch_sharding(mesh)))
+                critic_in = {} if critic is None else {
+                    "critic_params": run.critic.params, "correct": to_global(groups.correct, batch_sharding(mesh))}
+                batch, critic_batch = prepare(state.params, ref_params, *to_global(host, batch_sharding(mesh)),
+                                              steps=to_global(steps, batch_sharding(mesh)), **critic_in)
                 state, m = train_step(state, batch)
+                if critic is not None:
+                    run.critic, critic_metrics = critic.update(run.critic, critic_batch)
+                    m = {**m, **critic_metrics}
                 m = to_host(m)
             else:  # an update on padding alone would change nothing but Adam's moments and counters
                 run.steps_skipped += 1
@@ -316,11 +340,13 @@ def train(cfg: RunConfig) -> dict:
     return last
 
 
-def _restore(cfg: RunConfig, ckpt: Checkpointer, state: TrainState, stream, say) -> tuple[TrainState, _Run]:
-    """The newest good checkpoint's state and loop position, or a fresh start at step 0."""
-    run = _Run(0, np.asarray(jax.random.key_data(jax.random.PRNGKey(cfg.train.seed))), None)
+def _restore(cfg: RunConfig, ckpt: Checkpointer, state: TrainState, stream, say,
+             critic=None) -> tuple[TrainState, _Run]:
+    """The newest good checkpoint's state and loop position (and `critic`'s state when given), or a
+    fresh start at step 0."""
+    run = _Run(0, np.asarray(jax.random.key_data(jax.random.PRNGKey(cfg.train.seed))), None, critic=critic)
     try:
-        restored = ckpt.restore_latest(state)
+        restored = ckpt.restore_latest(state, critic=critic)
     except CheckpointUnreadableError:
         if not cfg.train.fresh_start:
             raise
@@ -334,7 +360,7 @@ def _restore(cfg: RunConfig, ckpt: Checkpointer, state: TrainState, stream, say)
         return state, run
     run = _Run(restored.step, np.asarray(restored.meta["rng"], np.uint32),
                Groups.from_state_dict(restored.carry) if restored.carry else None,
-               int(restored.meta.get("steps_skipped", 0)), restored.meta.get("group_filter"))
+               int(restored.meta.get("steps_skipped", 0)), restored.meta.get("group_filter"), restored.critic)
     stream.load_state_dict(restored.meta["stream"])
     quarantined = f" (unreadable newer checkpoint(s) {restored.quarantined} set aside)" if restored.quarantined else ""
     say(f"[dapo-jax] resumed from step {restored.step} in {ckpt.directory}{quarantined}", flush=True)
@@ -346,7 +372,8 @@ def _save(ckpt: Checkpointer, state: TrainState, run: _Run, stream) -> None:
             "steps_skipped": run.steps_skipped}
     if run.group_filter is not None:
         meta["group_filter"] = run.group_filter
-    ckpt.save(run.step, state, meta=meta, carry=run.carry.state_dict() if run.carry is not None else None)
+    ckpt.save(run.step, state, meta=meta, carry=run.carry.state_dict() if run.carry is not None else None,
+              critic=run.critic)
 
 
 def load_trained_model(cfg: RunConfig, checkpoint: str | Path | None = None, *, mesh=None):

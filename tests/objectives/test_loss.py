@@ -277,9 +277,16 @@ def test_every_recipe_runs_under_jit():
     b = batch(8)
     for name in available_objectives():
         cfg = load_objective(name, max_response_length=T, overlong_buffer=None)
-        adv = compute_advantages(cfg, np.random.default_rng(0).normal(size=(4, 4)).astype(np.float32), b["mask"],
-                                 kl=token_kl(cfg, b["old_logp"], b["ref_logp"]))
+        rewards = np.random.default_rng(0).normal(size=(4, 4)).astype(np.float32)
+        kl = token_kl(cfg, b["old_logp"], b["ref_logp"])
+        if cfg.uses_critic:  # PPO / VAPO: advantages from a critic's values (training/critic.py supplies them)
+            from dapo_jax.objectives.gae import advantages_and_targets
+
+            adv, _ = advantages_and_targets(cfg, rewards, b["mask"], np.zeros(b["mask"].shape, np.float32), kl)
+        else:
+            adv = compute_advantages(cfg, rewards, b["mask"], kl=kl)
         s, d, _ = terms_jit(cfg, logp=b["logp"], old_logp=b["old_logp"], advantages=adv, mask=b["mask"],
                             ref_logp=b["ref_logp"] if cfg.needs_reference else None,
-                            behaviour_logp=b["ref_logp"] if cfg.needs_behaviour_logp else None)
+                            behaviour_logp=b["ref_logp"] if cfg.needs_behaviour_logp else None,
+                            **({"nll_weight": b["mask"] * 0.1} if cfg.nll_coef > 0 else {}))
         assert np.isfinite(float(s)) and float(d) > 0, name
