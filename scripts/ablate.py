@@ -337,6 +337,13 @@ def summarize_run(run: dict, target: float | None) -> dict:
                 out["len_sd_steps"] = y.std()
             if name == "trunc":
                 out["trunc_end"] = y[-_window(len(y)):].mean()
+    # groups with no correctness spread (all right or all wrong) whose shaped rewards still differ:
+    # their only signal is the soft overlong penalty, i.e. "be shorter"
+    _, same = series(rows, "all_correct_fraction")
+    _, wrong = series(rows, "all_wrong_fraction")
+    _, zero = series(rows, "zero_adv_fraction")
+    if len(same) and len(same) == len(wrong) == len(zero):
+        out["length_only"] = float(np.mean(same + wrong - zero))
     if G:
         _, gen = series(rows, "generated_groups")
         if len(gen):
@@ -381,7 +388,7 @@ DYNAMICS_COLUMNS = [
     ("H update min", "ent_upd_min", 3), ("length mean", "len_mean", 2), ("length sd over steps", "len_sd_steps", 2),
     ("length sd in step", "len_spread", 2), ("truncated", "trunc", 3), ("truncated end", "trunc_end", 3),
     ("clip low", "clip_low", 4), ("clip high", "clip_high", 4), ("zero-adv. groups", "zero_adv", 3),
-    ("gen. rounds", "gen_rounds", 2),
+    ("length-only groups", "length_only", 3), ("gen. rounds", "gen_rounds", 2),
 ]
 
 
@@ -544,6 +551,11 @@ zero-adv. groups (generated groups whose rewards are all equal) and gen. rounds:
 
 {markdown_table(rows, summaries, DYNAMICS_COLUMNS)}
 
+Each technique's effect, row pair by row pair (the ladder's step and full DAPO without it): the
+difference of the seed means against the seed spread (the larger sample sd of the two rows).
+
+{effects_table(rows, summaries)}
+
 ## Figures
 
 Mean curve and ±1 sd band over seeds; per-step metrics smoothed by a moving average over 5% of the steps.
@@ -558,6 +570,42 @@ Mean curve and ±1 sd band over seeds; per-step metrics smoothed by a moving ave
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     return text
+
+
+# Per technique, the metrics DAPO's paper says it moves (and held-out accuracy for all).
+EFFECT_METRICS = {
+    "clip_higher": ("ent_gen_end", "ent_gen_min", "final_pass", "final_acc"),
+    "overlong": ("trunc", "trunc_end", "final_acc"),
+    "token_loss": ("len_sd_steps", "len_spread", "ent_gen_end", "final_acc"),
+    "dynamic_sampling": ("final_acc", "best_acc", "final_pass"),
+}
+METRIC_NAMES = {key: name for name, key, _ in OUTCOME_COLUMNS + DYNAMICS_COLUMNS}
+
+
+def effect_pairs(rows: list[Row], technique: str) -> list[tuple[Row, Row]]:
+    """Every (with, without) pair of rows that differ in `technique` alone."""
+    return [(a, b) for a in rows for b in rows if a.techniques == b.techniques | {technique}
+            and technique not in b.techniques]
+
+
+def effects_table(rows: list[Row], summaries: dict[str, list[dict]]) -> str:
+    """Each technique's effect: Δ = mean(with) − mean(without) over seeds, against the seed spread
+    (the larger of the two rows' sample sds); "yes" when |Δ| exceeds it."""
+    lines = ["| technique | with → without | metric | with | without | Δ | seed sd | \\|Δ\\| > sd |",
+             "|---|---|---|---|---|---|---|---|"]
+    for t in TECHNIQUES:
+        for a, b in effect_pairs(rows, t):
+            for key in EFFECT_METRICS[t]:
+                va = [v for v in column(summaries.get(a.key, []), key) if v is not None]
+                vb = [v for v in column(summaries.get(b.key, []), key) if v is not None]
+                if not va or not vb:
+                    continue
+                (ma, sa), (mb, sb) = mean_sd(va), mean_sd(vb)
+                sd = max(x for x in (sa, sb, 0.0) if x is not None)
+                big = "yes" if len(va) > 1 and len(vb) > 1 and abs(ma - mb) > sd else "no"
+                lines.append(f"| {TECHNIQUE_LABELS[t]} | `{a.key}` → `{b.key}` | {METRIC_NAMES.get(key, key)} | "
+                             f"{ma:.4f} | {mb:.4f} | {ma - mb:+.4f} | {sd:.4f} | {big} |")
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- main

@@ -283,3 +283,35 @@ def test_jobs_run_children_one_core_and_one_xla_thread_each_and_report_failures(
     assert all(ablate.SINGLE_THREAD_XLA in flags for _, flags in calls)
     text = out.read_text()
     assert "left out of the tables: dapo/seed0" in text and "| naive GRPO | 0.400 |" in text
+
+
+def test_effects_pair_rows_that_differ_in_one_technique_and_compare_with_the_seed_spread():
+    rows, _ = ablate.define_rows(load_config(TINY).objective_config)
+    pairs = lambda t: [(a.key, b.key) for a, b in ablate.effect_pairs(rows, t)]  # noqa: E731
+    assert pairs("clip_higher") == [("clip", "grpo"), ("dapo", "dapo-clip")]
+    assert pairs("overlong") == [("overlong", "clip"), ("dapo", "dapo-overlong")]
+    assert pairs("token_loss") == [("token", "overlong"), ("dapo", "dapo-token")]
+    # DAPO − dynamic sampling is the token row; DAPO − token-level loss differs from +overlong in it too
+    assert pairs("dynamic_sampling") == [("dapo", "token"), ("dapo-token", "overlong")]
+    summaries = {"dapo": [{"final_acc": a} for a in (0.40, 0.42, 0.44)],  # mean 0.42, sd 0.02
+                 "token": [{"final_acc": a} for a in (0.10, 0.20, 0.30)],  # mean 0.20, sd 0.10
+                 "clip": [{"ent_gen_end": h} for h in (0.10, 0.12, 0.14)],
+                 "grpo": [{"ent_gen_end": h} for h in (0.11, 0.13, 0.15)]}
+    table = ablate.effects_table(rows, summaries)
+    line = next(x for x in table.splitlines() if "`dapo` → `token`" in x and "held-out acc. final" in x)
+    assert line.endswith("| 0.4200 | 0.2000 | +0.2200 | 0.1000 | yes |")
+    line = next(x for x in table.splitlines() if "`clip` → `grpo`" in x and "H gen. end" in x)
+    assert line.endswith("| 0.1200 | 0.1300 | -0.0100 | 0.0200 | no |")
+    assert "dapo-clip" not in table  # rows without runs are left out
+
+
+def test_length_only_groups_are_the_uniform_correctness_groups_with_reward_spread(tmp_path):
+    """With soft overlong punishment, an all-wrong group can still have reward spread: its only
+    signal is the length penalty. Fraction = all correct + all wrong − zero advantage."""
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "config.yaml").write_text(json.dumps({"rollout": {"G": G}}))
+    lines = [{"step": s, "all_correct_fraction": c, "all_wrong_fraction": w, "zero_adv_fraction": z}
+             for s, (c, w, z) in enumerate([(0.25, 0.5, 0.5), (0.0, 0.5, 0.25)], 1)]
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    assert ablate.summarize_run(ablate.read_run(run), None)["length_only"] == pytest.approx((0.25 + 0.25) / 2)
