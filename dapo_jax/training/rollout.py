@@ -77,7 +77,10 @@ class Groups:
         return out
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        # An empty optional field (no step rewards: J = 0) is left out: a checkpoint cannot hold a
+        # zero-size array, and `from_state_dict` restores the default.
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name).size or f.default is not None}
 
     @staticmethod
     def from_state_dict(d: dict) -> "Groups":
