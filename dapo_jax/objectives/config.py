@@ -47,6 +47,8 @@ class ObjectiveConfig(BaseModel):
         model at all. kl_in = "loss" adds `beta * kl_t` per token, "reward" adds `-beta * kl_t` to
         the token rewards before the advantage. kl_clamp clamps the estimator's value (None = off).
       entropy_coef: entropy bonus `alpha_H` (loss -= alpha_H * H_t); 0 = off (no entropy needed).
+      entropy_driven_advantage: EDGE-GRPO's EDA (`entropy_advantage.py`, docs/grpo_variants.md):
+        A_i · N / P̄_i with P̄_i the response's mean token entropy and N its mean over the whole update batch.
       high_entropy_quantile: q in (0, 1]: train only on tokens whose entropy is at or above the
         batch's (1 - q) quantile; None = off.
       overlong_filtering: truncated responses get mask 0.
@@ -98,6 +100,7 @@ class ObjectiveConfig(BaseModel):
     # entropy
     entropy_coef: float = 0.0
     high_entropy_quantile: float | None = Field(None, gt=0.0, le=1.0)
+    entropy_driven_advantage: bool = False
     # reward shaping
     overlong_filtering: bool = False
     overlong_buffer: int | None = Field(None, gt=0)
@@ -205,7 +208,7 @@ class ObjectiveConfig(BaseModel):
     @property
     def needs_entropy(self) -> bool:
         """True when the loss needs per-token entropies."""
-        return self.entropy_coef != 0 or self.high_entropy_quantile is not None
+        return self.entropy_coef != 0 or self.high_entropy_quantile is not None or self.entropy_driven_advantage
 
     @property
     def gfpo(self) -> bool:

@@ -19,6 +19,7 @@ from dapo_jax.objectives import diagnostics as diag
 from dapo_jax.objectives.advantages import combine_rewards, to_tokens
 from dapo_jax.objectives.config import ObjectiveConfig
 from dapo_jax.objectives.dynamic_sampling import keep_groups
+from dapo_jax.objectives.entropy_advantage import entropy_driven_advantages
 from dapo_jax.objectives.nll import nll_terms
 from dapo_jax.objectives.policy_loss import LOG_RATIO_CLAMP, entropy_bonus, high_entropy_mask
 from dapo_jax.objectives.process import StepRewards
@@ -46,7 +47,7 @@ def token_kl(cfg: ObjectiveConfig, logp, ref_logp):
 
 
 def objective_terms(cfg: ObjectiveConfig, *, logp, old_logp, advantages, mask, ref_logp=None, entropy=None,
-                    entropy_threshold=None, behaviour_logp=None, nll_weight=None):
+                    entropy_threshold=None, behaviour_logp=None, nll_weight=None, entropy_norm=None):
     """The loss of one (micro-)batch as an additive pair, plus additive metrics.
 
     Args:
@@ -63,6 +64,9 @@ def objective_terms(cfg: ObjectiveConfig, *, logp, old_logp, advantages, mask, r
       behaviour_logp: [P, G, T] log μ, the sampler's log-probs of the sampled tokens (constant);
         required only when cfg.off_policy_correction is set (`off_policy.py`: TIS weights multiply ℓ,
         masking removes tokens / responses from the loss and the denominator).
+      entropy_norm: scalar, EDGE-GRPO's normaliser N (`entropy_advantage.entropy_normaliser`) taken over
+        the whole update batch by the trainer; None = over this batch. Used only when
+        cfg.entropy_driven_advantage (the advantages become A·N/P̄, P̄ = the response's mean entropy).
       nll_weight: [P, G, T] VAPO's positive-example NLL weights (`nll.nll_weights`, constant); required
         only when cfg.nll_coef > 0: adds Σ -logp·w to loss_sum (metric `nll`).
 
@@ -91,6 +95,10 @@ def objective_terms(cfg: ObjectiveConfig, *, logp, old_logp, advantages, mask, r
         raise ValueError(f"advantages has shape {jnp.shape(advantages)}, expected [P, G] or [P, G, T] = {m.shape}")
     old_logp = jax.lax.stop_gradient(old_logp)
     adv = jax.lax.stop_gradient(to_tokens(advantages, m))
+    if cfg.entropy_driven_advantage:  # EDGE-GRPO's EDA (objectives/entropy_advantage.py)
+        if entropy is None:
+            raise ValueError("entropy is required: entropy_driven_advantage=True")
+        adv = entropy_driven_advantages(adv, entropy, m, normaliser=entropy_norm)
 
     pg, ratio = POLICY_LOSSES[cfg.policy_loss](
         logp, old_logp, adv, m, eps_low=cfg.eps_low, eps_high=cfg.eps_high, dual_clip_c=cfg.dual_clip_c

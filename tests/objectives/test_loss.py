@@ -288,5 +288,6 @@ def test_every_recipe_runs_under_jit():
         s, d, _ = terms_jit(cfg, logp=b["logp"], old_logp=b["old_logp"], advantages=adv, mask=b["mask"],
                             ref_logp=b["ref_logp"] if cfg.needs_reference else None,
                             behaviour_logp=b["ref_logp"] if cfg.needs_behaviour_logp else None,
+                            entropy=b["entropy"] if cfg.needs_entropy else None,
                             **({"nll_weight": b["mask"] * 0.1} if cfg.nll_coef > 0 else {}))
         assert np.isfinite(float(s)) and float(d) > 0, name
