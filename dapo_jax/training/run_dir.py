@@ -65,7 +65,9 @@ class RunDir:
         if not saved_file.exists():
             return
         old, new = _flat(yaml.safe_load(saved_file.read_text())), _flat(yaml.safe_load(self.cfg.to_yaml()))
-        diff = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and not _resumable(k))
+        # a key the saved config lacks is a field added since the run started: the same run when the
+        # new value is that field's default (the behaviour the run had)
+        diff = sorted(k for k in old.keys() | new.keys() if old.get(k, _default(k)) != new.get(k) and not _resumable(k))
         if diff:
             details = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:6])
             raise ConfigError(f"{saved_file}: resuming this run with a different config ({details}); "
@@ -76,6 +78,30 @@ class RunDir:
 
         path = self.path / "config.yaml"
         return save_config(self.cfg, self.path) if jax.process_index() == 0 else path
+
+
+_NO_DEFAULT = object()
+
+
+def _default(key: str):
+    """The default of the config field at a flat `section.field` key (objective fields: ObjectiveConfig's),
+    or a sentinel equal to nothing when there is none."""
+    import pydantic_core
+
+    from dapo_jax.objectives.config import ObjectiveConfig
+
+    parts = key.split(".")
+    model = RunConfig
+    if parts[0] == "objective" and len(parts) == 2:
+        model, parts = ObjectiveConfig, parts[1:]
+    for i, name in enumerate(parts):
+        field = getattr(model, "model_fields", {}).get(name)
+        if field is None:
+            return _NO_DEFAULT
+        if i == len(parts) - 1:
+            return _NO_DEFAULT if field.default is pydantic_core.PydanticUndefined else field.default
+        model = field.annotation
+    return _NO_DEFAULT
 
 
 def _resumable(key: str) -> bool:

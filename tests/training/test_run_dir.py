@@ -34,3 +34,24 @@ def test_config_changes_that_alter_the_trajectory_are_refused(tmp_path):
     RunDir(cfg(tmp_path / "r", "train.steps=5000", "train.fresh_start=true")).check_same_config()
     with pytest.raises(ConfigError, match=r"optim.lr: 0.0003 -> 0.1"):
         RunDir(cfg(tmp_path / "r", "optim.lr=0.1")).check_same_config()
+
+
+def test_a_run_saved_before_a_field_existed_resumes_while_the_field_keeps_its_default(tmp_path):
+    """A config.yaml written by an older version lacks the fields added since (e.g. objective.nll_coef,
+    rollout.sampler_dtype): at their defaults the run is the same run; set otherwise, it is not."""
+    import yaml
+
+    run = tmp_path / "r"
+    RunDir(cfg(run)).save_config()
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    saved["objective"].pop("nll_coef")
+    saved["objective"].pop("high_entropy_quantile")
+    saved["optim"].pop("lr")
+    (run / "config.yaml").write_text(yaml.safe_dump(saved))
+    with pytest.raises(ConfigError, match="optim.lr"):  # tiny_dapo sets 3e-4: not the default 1e-6
+        RunDir(cfg(run)).check_same_config()
+    saved["optim"]["lr"] = load_config(None).optim.lr
+    (run / "config.yaml").write_text(yaml.safe_dump(saved))
+    RunDir(cfg(run)).check_same_config()  # nll_coef 0 and no high-entropy mask: the defaults
+    with pytest.raises(ConfigError, match="objective.high_entropy_quantile: None -> 0.2"):
+        RunDir(cfg(run, "objective.high_entropy_quantile=0.2")).check_same_config()
