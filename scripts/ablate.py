@@ -567,6 +567,10 @@ Mean curve and ±1 sd band over seeds; per-step metrics smoothed by a moving ave
 > **Placeholder, to be written by the lead after the full run.** Nothing in this section has been
 > measured yet; the tables above are what a run of the command produced.
 """
+    # the Findings are written by hand: a rerun (e.g. --report-only) rewrites the rest and keeps them
+    previous = out.read_text() if out.exists() else ""
+    if "\n## Findings\n" in previous and "**Placeholder" not in previous.split("\n## Findings\n", 1)[1]:
+        text = text.split("## Findings\n", 1)[0] + "## Findings\n" + previous.split("\n## Findings\n", 1)[1]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     return text

@@ -315,3 +315,24 @@ def test_length_only_groups_are_the_uniform_correctness_groups_with_reward_sprea
              for s, (c, w, z) in enumerate([(0.25, 0.5, 0.5), (0.0, 0.5, 0.25)], 1)]
     (run / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     assert ablate.summarize_run(ablate.read_run(run), None)["length_only"] == pytest.approx((0.25 + 0.25) / 2)
+
+
+def test_a_rerun_rewrites_tables_and_keeps_hand_written_findings(tmp_path, monkeypatch):
+    import dapo_jax.training.loop as loop
+
+    def fake_train(cfg):
+        write_run(Path(cfg.train.run_dir), [0.2, 0.3, 0.4], [0.5, 0.4, 0.3, 0.2], [4, 4, 4, 4])
+        return {"eval/accuracy": 0.4}
+
+    monkeypatch.setattr(loop, "train", fake_train)
+    out = tmp_path / "ablation.md"
+    argv = [str(TINY), "--steps", "4", "--seeds", "1", "--rows", "grpo", "--out", str(out),
+            "--runs-dir", str(tmp_path / "runs"), "--no-compile-cache", "--jobs", "1"]
+    assert ablate.main(argv) == 0
+    assert "**Placeholder" in out.read_text()
+    first = out.read_text().split("## Findings\n")[0]
+    out.write_text(first + "## Findings\n\nClip-higher never binds here.\n")
+    assert ablate.main([*argv, "--report-only"]) == 0
+    text = out.read_text()
+    assert text.endswith("## Findings\n\nClip-higher never binds here.\n") and "**Placeholder" not in text
+    assert "| naive GRPO | 0.400 |" in text  # the tables are rewritten
