@@ -1,6 +1,6 @@
 """`dapo-jax`: train, evaluate, export, show rollouts and plot.
 
-    dapo-jax train [CONFIG.yaml] [key.sub=value ...]   # no config = configs/tiny_dapo.yaml; rerun = resume
+    dapo-jax train [CONFIG.yaml] [key.sub=value ...]   # no config = the main job, configs/cot_dapo.yaml; rerun = resume
     dapo-jax eval --model RUN_OR_HF_DIR [--data F ...]  # avg@k, pass@k, maj@k; table + results JSON + samples
     dapo-jax eval RUN_DIR [key.sub=value ...]           # the same, old form: the run's newest checkpoint
     dapo-jax export CHECKPOINT OUT_DIR                  # Hugging Face model + tokenizer
@@ -36,11 +36,16 @@ def _resolve_config(path: str | None) -> Path | None:
     return p
 
 
+# `dapo-jax train` with no config: DAPO on the chain-of-thought task (docs/cot_task.md), where its
+# length-related mechanisms have work to do. `load_config(None)` stays the tiny task (tests, examples).
+MAIN_JOB = CONFIG_DIR / "cot_dapo.yaml"
+
+
 def cmd_train(args) -> int:
     from dapo_jax.training.loop import train
 
     config, overrides = _split_config_and_overrides(args.items)
-    cfg = load_config(_resolve_config(config), overrides)
+    cfg = load_config(_resolve_config(config) or MAIN_JOB, overrides)
     final = train(cfg)
     summary = ("step", "steps_skipped", "prompts_dropped_too_long")
     print(json.dumps({k: v for k, v in final.items() if k.startswith("eval/") or k in summary}))
@@ -125,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("train", help="train (or resume) a run")
     p.add_argument("items", nargs="*", metavar="[CONFIG.yaml] key.sub=value",
-                   help="a config file (default configs/tiny_dapo.yaml) then dotted overrides")
+                   help="a config file (default: the main job, configs/cot_dapo.yaml) then dotted overrides")
     p.set_defaults(fn=cmd_train)
     p = sub.add_parser("eval", help="avg@k, pass@k, maj@k of a base model or a run's checkpoint on data sets",
                        description="Evaluates a Hugging Face model directory, a run (its newest checkpoint or "

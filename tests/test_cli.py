@@ -42,7 +42,7 @@ def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
     model_dir = make_tiny_model(root / "model")
     run_dir = root / "run"
-    assert main(["train", *overrides(model_dir, run_dir)]) == 0
+    assert main(["train", "tiny_dapo", *overrides(model_dir, run_dir)]) == 0
     return model_dir, run_dir
 
 
@@ -96,7 +96,7 @@ def test_plot_command_writes_pngs(trained, capsys):
 
 
 def test_config_errors_exit_2_naming_the_key(tmp_path, capsys):
-    assert main(["train", "rollout.G=1", f"train.run_dir={tmp_path}"]) == 2
+    assert main(["train", "tiny_dapo", "rollout.G=1", f"train.run_dir={tmp_path}"]) == 2
     assert "rollout.G" in capsys.readouterr().err
     assert main(["train", str(tmp_path / "missing.yaml")]) == 2
     assert "does not exist" in capsys.readouterr().err
@@ -115,6 +115,6 @@ def test_starvation_exits_3_with_its_message(trained, tmp_path, capsys):
     args = overrides(model_dir, tmp_path / "starve") + [
         "objective.dynamic_sampling=true", "rollout.on_starvation=fail", "rollout.max_gen_batches=2",
         "data.eval=null", "reward.functions=[{name: format, options: {pattern: '.*'}}]"]
-    assert main(["train", *args]) == 3
+    assert main(["train", "tiny_dapo", *args]) == 3
     err = capsys.readouterr().err
     assert "kept 0 of the 2 groups" in err and "max_gen_batches=2" in err

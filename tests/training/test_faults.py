@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 def train_rc(overrides, capsys):
     """Runs `dapo-jax train` in-process: (exit code, stderr's last line, stdout)."""
     capsys.readouterr()
-    rc = main(["train", *overrides])
+    rc = main(["train", "tiny_dapo", *overrides])
     out, err = capsys.readouterr()
     lines = [ln for ln in err.strip().splitlines() if ln.startswith("dapo-jax:")]
     return rc, (lines[-1] if lines else ""), out
@@ -259,7 +259,7 @@ def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes(tiny_model_dir, tmp
     run_dir = tmp_path / "run"
     args = overrides_for(tiny_model_dir, run_dir, **{"train.steps": 400, "train.checkpoint_every": 0})
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "dapo_jax.cli", "train", *args], cwd=REPO, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "dapo_jax.cli", "train", "tiny_dapo", *args], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 240
@@ -278,7 +278,7 @@ def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes(tiny_model_dir, tmp
     rows = read_metrics(run_dir)
     assert max(r["step"] for r in rows) == saved  # the checkpoint is of the last logged step
     again = overrides_for(tiny_model_dir, run_dir, **{"train.steps": saved + 1, "train.checkpoint_every": 0})
-    done = subprocess.run([sys.executable, "-m", "dapo_jax.cli", "train", *again], cwd=REPO, env=env,
+    done = subprocess.run([sys.executable, "-m", "dapo_jax.cli", "train", "tiny_dapo", *again], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"resumed from step {saved}" in done.stdout

@@ -90,7 +90,7 @@ def test_rerun_resumes_from_the_newest_checkpoint(base_run, tmp_path, overrides_
 def test_sigkill_mid_run_then_resume_matches_uninterrupted(tiny_model_dir, tmp_path, run, overrides_for):
     extra = {"train.steps": 5, "data.eval": "null"}
     killed = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "dapo_jax.cli", "train", *overrides_for(tiny_model_dir, killed, **extra)]
+    cmd = [sys.executable, "-m", "dapo_jax.cli", "train", "tiny_dapo", *overrides_for(tiny_model_dir, killed, **extra)]
     proc = subprocess.Popen(cmd, cwd=REPO, env=os.environ.copy(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.time() + 240
     try:
