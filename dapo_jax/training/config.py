@@ -304,13 +304,16 @@ def _set_dotted(tree: dict, dotted: str, value: Any, source: str) -> None:
 
 
 def parse_overrides(overrides: list[str] | tuple[str, ...]) -> list[tuple[str, Any]]:
-    """`["a.b=3", "c=[1, 2]"]` -> [("a.b", 3), ("c", [1, 2])]; values parsed by `yaml.safe_load`."""
+    """`["a.b=3", "c=[1, 2]"]` -> [("a.b", 3), ("c", [1, 2])]; values parsed by `yaml.safe_load`.
+    `objective=NAME` is `objective.name=NAME`: another recipe, with the config's objective field overrides."""
     parsed = []
     for item in overrides:
         if "=" not in item or item.startswith("="):
             raise ConfigError(f"override {item!r} must look like key.sub=value")
         key, raw = item.split("=", 1)
         value = yaml.safe_load(raw) if raw.strip() else None
+        if key.strip() == "objective" and isinstance(value, str):  # `objective=gfpo`: the recipe by name
+            key = "objective.name"
         parsed.append((key.strip(), value))
     return parsed
 

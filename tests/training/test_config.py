@@ -47,6 +47,13 @@ def test_overrides_are_parsed_as_yaml():
         parse_overrides(["novalue"])
 
 
+def test_objective_equals_name_switches_the_recipe_and_keeps_the_configs_objective_fields():
+    cfg = load_config(CONFIG_DIR / "cot_dapo.yaml", ["objective=grpo"])  # cot_dapo sets overlong_buffer 16
+    assert cfg.objective.name == "grpo" and cfg.objective_config.overlong_buffer == 16
+    assert cfg.objective_config.dynamic_sampling is False  # grpo's recipe, not dapo's
+    assert parse_overrides(["objective={name: gspo}"]) == [("objective", {"name": "gspo"})]  # a mapping: as before
+
+
 def _error(tmp_path, text=None, overrides=()):
     path = tmp_path / "bad.yaml"
     path.write_text(text if text is not None else DEFAULT_CONFIG.read_text())
