@@ -132,13 +132,14 @@ def make_train_step(
         from dapo_jax.objectives.loss import objective_terms as loss_terms
 
     quantile = getattr(objective, "high_entropy_quantile", None)
+    eda = bool(getattr(objective, "entropy_driven_advantage", False))
 
-    def micro_loss(params, mb: Batch, entropy_threshold):
+    def micro_loss(params, mb: Batch, entropy_stats):
         logp, entropy = policy_logprobs(
             graphdef, params, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
             temperature=temperature,
         )
-        extra_terms = {} if quantile is None else {"entropy_threshold": entropy_threshold}
+        extra_terms = dict(entropy_stats)  # the batch-level entropy statistics the objective uses, if any
         if mb.behaviour_logp is not None:
             extra_terms["behaviour_logp"] = mb.behaviour_logp
         if mb.nll_weight is not None:
@@ -153,25 +154,32 @@ def make_train_step(
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
-    def entropy_threshold(params, mini: Batch):
-        """The high-entropy mask's quantile over every valid token of the mini-batch (all its
-        micro-batches, and all devices under jit's sharding): one extra forward pass, without
-        gradient, so the kept tokens do not depend on `micro_batches` or the mesh."""
-        if quantile is None:
-            return jnp.zeros((), jnp.float32)
+    def entropy_stats(params, mini: Batch):
+        """Batch-level entropy statistics over every valid token of the mini-batch (all its
+        micro-batches, and all devices under jit's sharding): the high-entropy mask's quantile and
+        EDGE-GRPO's normaliser N. One extra forward pass, without gradient, so the kept tokens and the
+        scaled advantages do not depend on `micro_batches` or the mesh."""
+        if quantile is None and not eda:
+            return {}
+        from dapo_jax.objectives.entropy_advantage import entropy_normaliser
         from dapo_jax.objectives.policy_loss import high_entropy_threshold
 
-        entropy = jax.lax.map(lambda mb: policy_logprobs(
+        entropy = jax.lax.stop_gradient(jax.lax.map(lambda mb: policy_logprobs(
             graphdef, params, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
-            temperature=temperature)[1], mini)
-        return high_entropy_threshold(jax.lax.stop_gradient(entropy), mini.response_mask, quantile=quantile)
+            temperature=temperature)[1], mini))
+        stats = {}
+        if quantile is not None:
+            stats["entropy_threshold"] = high_entropy_threshold(entropy, mini.response_mask, quantile=quantile)
+        if eda:
+            stats["entropy_norm"] = entropy_normaliser(entropy, mini.response_mask)
+        return stats
 
     def minibatch_update(carry, mini: Batch):
         params, opt_state, step, skipped = carry
-        threshold = entropy_threshold(params, mini)
+        stats = entropy_stats(params, mini)
 
         def accumulate(acc, mb):
-            (loss_sum, (den, metrics, extra)), grads = grad_fn(params, mb, threshold)
+            (loss_sum, (den, metrics, extra)), grads = grad_fn(params, mb, stats)
             acc = jax.tree.map(jnp.add, acc, (grads, loss_sum, den, extra))
             return acc, metrics
 
