@@ -116,7 +116,8 @@ class OptimSection(_Section):
 class CriticSection(OptimSection):
     """The critic's own optimizer, learning rate and update split, read only when the objective has a
     critic (`advantage: gae`: PPO, VAPO); `path`: the Hugging Face folder whose decoder weights start
-    its trunk (None = model.path, the policy's initial weights). No `critic` section = `optim`'s values."""
+    its trunk (None = model.path, the policy's initial weights). No `critic` section = `optim`'s values;
+    a partial one takes `optim`'s values for the keys it does not name."""
 
     path: str | None = None
 
@@ -196,6 +197,14 @@ class RunConfig(_Section):
     mesh: MeshSection = MeshSection()
     train: TrainSection = TrainSection()
     reward: RewardSection = RewardSection()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _critic_inherits_optim(cls, data):
+        """A `critic` section names what differs from `optim`: its other keys are `optim`'s."""
+        if isinstance(data, dict) and isinstance(data.get("critic"), dict) and isinstance(data.get("optim"), dict):
+            data = {**data, "critic": {**data["optim"], **data["critic"]}}
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> "RunConfig":

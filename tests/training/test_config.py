@@ -140,3 +140,11 @@ def test_gsm8k_recipe_without_downloads_says_what_to_do():
     cfg = load_config(CONFIG_DIR / "qwen2.5-0.5b-gsm8k-dapo.yaml")
     with pytest.raises(DataError, match=r"data/gsm8k/train.jsonl: no such file .*Bring your own model and data"):
         load_source(cfg.data.train)
+
+
+def test_a_partial_critic_section_takes_optims_values_for_the_keys_it_does_not_name():
+    cfg = load_config(CONFIG_DIR / "tiny_vapo.yaml", ["critic={lr: 1.0e-3}"])
+    assert cfg.critic_optim.lr == 1e-3
+    assert cfg.critic_optim.weight_decay == cfg.optim.weight_decay == 0.0  # not CriticSection's default 0.1
+    assert cfg.critic_optim.warmup_steps == cfg.optim.warmup_steps == 5
+    assert load_config(CONFIG_DIR / "tiny_vapo.yaml").critic_optim.warmup_steps == 0  # named in the file
