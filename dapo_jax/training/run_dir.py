@@ -68,6 +68,11 @@ class RunDir:
         # a key the saved config lacks is a field added since the run started: the same run when the
         # new value is that field's default (the behaviour the run had)
         diff = sorted(k for k in old.keys() | new.keys() if old.get(k, _default(k)) != new.get(k) and not _resumable(k))
+        # recompute_old_logp: false (the old default) and unset (now: follow the precision) are the same
+        # run when they resolve to the same choice
+        if "rollout.recompute_old_logp" in diff and old.get("rollout.recompute_old_logp") is False \
+                and new.get("rollout.recompute_old_logp") is None and not self.cfg.recompute_old_logp:
+            diff.remove("rollout.recompute_old_logp")
         if diff:
             details = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:6])
             raise ConfigError(f"{saved_file}: resuming this run with a different config ({details}); "

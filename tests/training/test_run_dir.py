@@ -55,3 +55,17 @@ def test_a_run_saved_before_a_field_existed_resumes_while_the_field_keeps_its_de
     RunDir(cfg(run)).check_same_config()  # nll_coef 0 and no high-entropy mask: the defaults
     with pytest.raises(ConfigError, match="objective.high_entropy_quantile: None -> 0.2"):
         RunDir(cfg(run, "objective.high_entropy_quantile=0.2")).check_same_config()
+
+
+def test_recompute_old_logp_false_saved_by_an_older_version_equals_unset_when_it_resolves_to_false(tmp_path):
+    import yaml
+
+    run = tmp_path / "r"
+    RunDir(cfg(run)).save_config()
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["rollout"]["recompute_old_logp"] is None  # unset: follow the precision
+    saved["rollout"]["recompute_old_logp"] = False  # what the older version saved
+    (run / "config.yaml").write_text(yaml.safe_dump(saved))
+    RunDir(cfg(run)).check_same_config()  # same dtypes, no correction: resolves to False
+    with pytest.raises(ConfigError, match="recompute_old_logp"):  # a bfloat16 sampler would recompute
+        RunDir(cfg(run, "rollout.sampler_dtype=bfloat16")).check_same_config()
