@@ -9,7 +9,7 @@
 `prepare` reads `V_old` from the critic, computes the policy's advantages (GAE with the policy's λ,
 whitened) and the value targets (GAE with `critic_lambda` + V_old), and VAPO's NLL token weights for
 the policy's optimizer batches. `pretrain` is VAPO's value pre-training: `value_pretrain_steps`
-critic updates on rollouts of the frozen initial policy with λ = 1 (Monte-Carlo) targets, before
+critic steps (each a rollout batch split into the critic's mini-batches) on rollouts of the frozen initial policy with λ = 1 (Monte-Carlo) targets, before
 any policy update (the initial policy is the reference, so a KL-in-reward term is 0 there).
 
 The critic update splits its batch into the `critic` section's `num_minibatches` optimizer steps of
@@ -174,7 +174,8 @@ class Critic:
             state, m = self.update(state, build(state.params, *draw(i)))
             last = {k: float(v) for k, v in m.items()}
             first = first or last
-        say(f"[dapo-jax] value pre-training: {n} critic updates on the initial policy's rollouts, value loss "
+        say(f"[dapo-jax] value pre-training: {n} critic steps (one rollout batch each, in the critic's "
+            f"mini-batches) on the initial policy's rollouts, value loss "
             f"{first['critic/value_loss']:.4f} -> {last['critic/value_loss']:.4f}", flush=True)
         return state, {"critic/pretrain_steps": float(n), "critic/pretrain_value_loss_first": first["critic/value_loss"],
                        "critic/pretrain_value_loss_last": last["critic/value_loss"]}
