@@ -202,8 +202,11 @@ class Decoder(nnx.Module):
         if not cfg.tie_word_embeddings:
             self.lm_head = _linear(cfg, cfg.hidden_size, cfg.vocab_size, False, rngs)
 
-    def __call__(self, input_ids, positions, attention_mask, cache: KVCache | None = None):
-        """`input_ids`, `positions`, `attention_mask`: [B, S]. Returns (hidden [B, S, d], cache)."""
+    def __call__(self, input_ids, positions, attention_mask, cache: KVCache | None = None, segment_ids=None):
+        """`input_ids`, `positions`, `attention_mask`: [B, S]. Returns (hidden [B, S, d], cache).
+
+        `segment_ids` [B, S] int (optional, no cache): several sequences packed in one row; a query
+        attends only to keys of its own segment (and `attention_mask` should be `segment_ids > 0`)."""
         cfg = self.config
         real = attention_mask.astype(bool)
         s = input_ids.shape[1]
@@ -216,6 +219,10 @@ class Decoder(nnx.Module):
             key_real = jax.lax.dynamic_update_slice(cache.mask, real, (0, cache.end))
         causal = k_idx[None, :] <= q_idx[:, None]  # [S, K]
         allowed = causal[None] & key_real[:, None, :] & real[:, :, None]
+        if segment_ids is not None:
+            if cache is not None:
+                raise ValueError("segment_ids (packed sequences) cannot be used with a KVCache")
+            allowed = allowed & (segment_ids[:, :, None] == segment_ids[:, None, :])
         allowed = allowed | (k_idx[None, :] == q_idx[:, None])[None]
         inv_freq = rope_inv_freq(cfg)
         x = self.embed_tokens(input_ids)

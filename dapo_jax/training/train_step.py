@@ -20,6 +20,7 @@ and in the step's `nonfinite_updates`, so the state in memory, and every checkpo
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -82,16 +83,22 @@ def init_train_state(params, tx: optax.GradientTransformation) -> TrainState:
 
 
 def policy_logprobs(graphdef, params, prompt_ids, prompt_mask, response_ids, response_mask, *, temperature):
-    """log π(response tokens) `[P, G, T]` and entropy `[P, G, T]`; each prompt `[P, S]` shared by its G responses."""
+    """log π(response tokens) `[P, G, T]` and entropy `[P, G, T]`; each prompt `[P, S]` shared by its G responses.
+    `params`: an nnx.State, or a tuple of States merged together (LoRA: `(frozen base, adapters)`)."""
     from dapo_jax.models.logprobs import response_logprobs
 
-    model = nnx.merge(graphdef, params)
+    model = nnx.merge(graphdef, *params) if isinstance(params, tuple) else nnx.merge(graphdef, params)
     return response_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=temperature)
 
 
 def make_logprob_fn(graphdef, *, temperature: float) -> Callable:
     """Jitted `(params, prompt_ids, prompt_mask, response_ids, response_mask) -> (logp, entropy)`."""
     return jax.jit(lambda params, *a: policy_logprobs(graphdef, params, *a, temperature=temperature))
+
+
+def _joined(frozen, params):
+    """The policy's weights: `params`, or `(frozen, params)` when a frozen base is passed (LoRA: training/lora.py)."""
+    return params if frozen is None else (frozen, params)
 
 
 def tree_all_finite(tree) -> jax.Array:
@@ -123,7 +130,8 @@ def make_train_step(
     use_ref: bool = False,
     loss_terms: Callable | None = None,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
-    """Builds the jitted `step(state, batch) -> (state, metrics)`; `state` is donated.
+    """Builds the jitted `step(state, batch, frozen=None) -> (state, metrics)`; `state` is donated.
+    `frozen`: weights merged with `state.params` but not trained (LoRA's base; training/lora.py).
 
     `loss_terms(objective, *, logp, old_logp, advantages, mask, ref_logp, entropy) -> (loss_sum, den, metrics)`
     defaults to `dapo_jax.objectives.loss.objective_terms`.
@@ -134,9 +142,9 @@ def make_train_step(
     quantile = getattr(objective, "high_entropy_quantile", None)
     eda = bool(getattr(objective, "entropy_driven_advantage", False))
 
-    def micro_loss(params, mb: Batch, entropy_stats):
+    def micro_loss(params, mb: Batch, entropy_stats, frozen=None):
         logp, entropy = policy_logprobs(
-            graphdef, params, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+            graphdef, _joined(frozen, params), mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
             temperature=temperature,
         )
         extra_terms = dict(entropy_stats)  # the batch-level entropy statistics the objective uses, if any
@@ -154,7 +162,7 @@ def make_train_step(
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
-    def entropy_stats(params, mini: Batch):
+    def entropy_stats(params, mini: Batch, frozen=None):
         """Batch-level entropy statistics over every valid token of the mini-batch (all its
         micro-batches, and all devices under jit's sharding): the high-entropy mask's quantile and
         EDGE-GRPO's normaliser N. One extra forward pass, without gradient, so the kept tokens and the
@@ -165,7 +173,7 @@ def make_train_step(
         from dapo_jax.objectives.policy_loss import high_entropy_threshold
 
         entropy = jax.lax.stop_gradient(jax.lax.map(lambda mb: policy_logprobs(
-            graphdef, params, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+            graphdef, _joined(frozen, params), mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
             temperature=temperature)[1], mini))
         stats = {}
         if quantile is not None:
@@ -174,12 +182,12 @@ def make_train_step(
             stats["entropy_norm"] = entropy_normaliser(entropy, mini.response_mask)
         return stats
 
-    def minibatch_update(carry, mini: Batch):
-        params, opt_state, step, skipped = carry
-        stats = entropy_stats(params, mini)
+    def minibatch_update(carry, mini: Batch, frozen=None):
+        params = carry[0]
+        stats = entropy_stats(params, mini, frozen)
 
         def accumulate(acc, mb):
-            (loss_sum, (den, metrics, extra)), grads = grad_fn(params, mb, stats)
+            (loss_sum, (den, metrics, extra)), grads = grad_fn(params, mb, stats, frozen)
             acc = jax.tree.map(jnp.add, acc, (grads, loss_sum, den, extra))
             return acc, metrics
 
@@ -190,42 +198,55 @@ def make_train_step(
             {"entropy_sum": jnp.zeros((), jnp.float32), "tokens": jnp.zeros((), jnp.float32)},
         )
         (gsum, loss_sum, den, extra), metrics = jax.lax.scan(accumulate, zeros, mini)
-        # Σ∇loss_sum / Σden: the exact global normaliser (den is constant in the params).
-        safe_den = jnp.maximum(den, 1e-8)
-        grads = jax.tree.map(lambda g: g / safe_den.astype(g.dtype), gsum)
-        grad_norm = optax.tree.norm(grads)
-        updates, new_opt = tx.update(grads, opt_state, params)
-        new_params = optax.apply_updates(params, updates)
-        loss = loss_sum / safe_den
-        finite = (jnp.isfinite(grad_norm) & jnp.isfinite(loss) & tree_all_finite(new_params)
-                  & tree_all_finite(new_opt))
-        apply = finite & (den > 0)
-        keep = lambda new, old: jnp.where(apply, new, old)  # noqa: E731
-        params = jax.tree.map(keep, new_params, params)
-        opt_state = jax.tree.map(keep, new_opt, opt_state)
-        out = {
-            "loss": loss,
-            **{f"objective/{k}": v for k, v in combine_stacked(metrics).items()},
-            "grad_norm": grad_norm,
-            "learning_rate": schedule(step),
-            "update_applied": apply.astype(jnp.float32),
-            "nonfinite_updates": (~finite).astype(jnp.float32),
-            "entropy": extra["entropy_sum"] / jnp.maximum(extra["tokens"], 1.0),
-            "update_tokens": extra["tokens"],
-        }
-        return (params, opt_state, step + 1, skipped + (~finite).astype(jnp.int32)), out
+        return apply_accumulated(tx, schedule, carry, gsum, loss_sum, den, extra, combine_stacked(metrics))
 
-    def step_fn(state: TrainState, batch: Batch):
+    def step_fn(state: TrainState, batch: Batch, frozen=None):
         minis = jax.tree.map(lambda x: _split(x, num_minibatches, micro_batches), batch)
         carry = (state.params, state.opt_state, state.step, state.skipped)
-        (params, opt_state, step, skipped), per_mini = jax.lax.scan(minibatch_update, carry, minis)
-        pairs = {k[len("objective/"):]: v for k, v in per_mini.items() if k.startswith("objective/")}
-        metrics = {k: jnp.mean(v) for k, v in per_mini.items() if not k.startswith("objective/")}
-        metrics.update(finalize_metrics(combine_stacked(pairs)))
-        metrics["update_tokens"] = jnp.sum(per_mini["update_tokens"])
-        metrics["nonfinite_updates"] = jnp.sum(per_mini["nonfinite_updates"])
-        metrics["grad_norm_max"] = jnp.max(per_mini["grad_norm"])
-        metrics["skipped_total"] = skipped
-        return TrainState(params, opt_state, step, skipped), metrics
+        (params, opt_state, step, skipped), per_mini = jax.lax.scan(functools.partial(minibatch_update, frozen=frozen), carry, minis)
+        return TrainState(params, opt_state, step, skipped), step_metrics(per_mini, skipped)
 
     return jax.jit(step_fn, donate_argnums=0)
+
+
+def apply_accumulated(tx, schedule, carry, gsum, loss_sum, den, extra, objective_metrics):
+    """One optimizer update from a mini-batch's accumulated `Σ∇loss_sum`, `Σloss_sum`, `Σden` (and
+    `extra` = entropy_sum / tokens, `objective_metrics` = its combined (value, count) pairs);
+    `carry` = (params, opt_state, step, skipped). Returns (carry, the mini-batch's metrics)."""
+    params, opt_state, step, skipped = carry
+    # Σ∇loss_sum / Σden: the exact global normaliser (den is constant in the params).
+    safe_den = jnp.maximum(den, 1e-8)
+    grads = jax.tree.map(lambda g: g / safe_den.astype(g.dtype), gsum)
+    grad_norm = optax.tree.norm(grads)
+    updates, new_opt = tx.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    loss = loss_sum / safe_den
+    finite = (jnp.isfinite(grad_norm) & jnp.isfinite(loss) & tree_all_finite(new_params)
+              & tree_all_finite(new_opt))
+    apply = finite & (den > 0)
+    keep = lambda new, old: jnp.where(apply, new, old)  # noqa: E731
+    params = jax.tree.map(keep, new_params, params)
+    opt_state = jax.tree.map(keep, new_opt, opt_state)
+    out = {
+        "loss": loss,
+        **{f"objective/{k}": v for k, v in objective_metrics.items()},
+        "grad_norm": grad_norm,
+        "learning_rate": schedule(step),
+        "update_applied": apply.astype(jnp.float32),
+        "nonfinite_updates": (~finite).astype(jnp.float32),
+        "entropy": extra["entropy_sum"] / jnp.maximum(extra["tokens"], 1.0),
+        "update_tokens": extra["tokens"],
+    }
+    return (params, opt_state, step + 1, skipped + (~finite).astype(jnp.int32)), out
+
+
+def step_metrics(per_mini: dict, skipped) -> dict:
+    """The step's metrics from the mini-batches' (stacked along a leading axis)."""
+    pairs = {k[len("objective/"):]: v for k, v in per_mini.items() if k.startswith("objective/")}
+    metrics = {k: jnp.mean(v) for k, v in per_mini.items() if not k.startswith("objective/")}
+    metrics.update(finalize_metrics(combine_stacked(pairs)))
+    metrics["update_tokens"] = jnp.sum(per_mini["update_tokens"])
+    metrics["nonfinite_updates"] = jnp.sum(per_mini["nonfinite_updates"])
+    metrics["grad_norm_max"] = jnp.max(per_mini["grad_norm"])
+    metrics["skipped_total"] = skipped
+    return metrics
