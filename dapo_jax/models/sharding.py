@@ -35,6 +35,11 @@ PARTITION_RULES: tuple[tuple[str, P], ...] = (
     (r"layers/\d+/mlp/down_proj/kernel", P("tensor", "fsdp")),
     (r"(layers/\d+/(input_layernorm|post_attention_layernorm|self_attn/(q_norm|k_norm))|norm)/weight", P()),
     (r"lm_head/kernel", P("fsdp", "tensor")),
+    # LoRA adapters (models/lora.py): A [in, r] split like its kernel's input dim, B [r, out] like its output
+    (r"layers/\d+/(self_attn/(q|k|v)_proj|mlp/(gate|up)_proj)/lora/lora_a", P("fsdp", None)),
+    (r"layers/\d+/(self_attn/(q|k|v)_proj|mlp/(gate|up)_proj)/lora/lora_b", P(None, "tensor")),
+    (r"layers/\d+/(self_attn/o_proj|mlp/down_proj)/lora/lora_a", P("tensor", None)),
+    (r"layers/\d+/(self_attn/o_proj|mlp/down_proj)/lora/lora_b", P(None, "fsdp")),
 )
 _COMPILED = tuple((re.compile(pattern), spec) for pattern, spec in PARTITION_RULES)
 
