@@ -93,6 +93,9 @@ class RolloutSection(_Section):
     recompute_old_logp: bool | None = None
     # The rollout sampler's compute dtype (same parameters); None = model.dtype. Evaluation keeps model.dtype.
     sampler_dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    # One-step off-policy rollouts (training/overlap.py): step k+1 is generated with the params before
+    # update k while that update runs; needs an objective.off_policy_correction (e.g. dapo_tis).
+    overlap: bool = False
     temperature: float = Field(default=1.0, gt=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
     top_k: int = Field(default=0, ge=0)
@@ -111,6 +114,28 @@ class OptimSection(_Section):
     grad_clip: float | None = Field(default=1.0, gt=0)
     num_minibatches: int = Field(default=1, gt=0)
     micro_batches: int = Field(default=1, gt=0)
+    # Padding-free policy update (training/packed_step.py): the real tokens of every (prompt, response)
+    # packed end to end into chunks of packing_rows x (max_prompt_length + max_new_tokens); same result.
+    packing: bool = False
+    packing_rows: int | None = Field(default=None, gt=0)  # None = one micro-batch's responses, P/(n*m)*G
+
+
+class LoRASection(_Section):
+    """LoRA adapters (models/lora.py) on every layer's `targets` projections: only they are trained and
+    checkpointed; the base weights stay frozen and are the reference policy. No `lora` section (or
+    `lora=null`) = full fine-tuning."""
+
+    rank: int = Field(default=8, gt=0)
+    alpha: float = Field(default=16.0, gt=0)  # the update is scaled by alpha / rank, as in PEFT
+    targets: list[Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> "LoRASection":
+        if len(set(self.targets)) != len(self.targets):
+            raise _KeyedError("targets", f"{self.targets} names a projection twice")
+        return self
 
 
 class CriticSection(OptimSection):
@@ -194,6 +219,7 @@ class RunConfig(_Section):
     rollout: RolloutSection = RolloutSection()
     optim: OptimSection = OptimSection()
     critic: CriticSection | None = None
+    lora: LoRASection | None = None
     mesh: MeshSection = MeshSection()
     train: TrainSection = TrainSection()
     reward: RewardSection = RewardSection()
@@ -223,6 +249,9 @@ class RunConfig(_Section):
              f"max_gen_batches*gen_batch={r.max_gen_batches * r.gen_batch} can never fill "
              f"train_batch={r.train_batch}"),
             ("reward.functions", len(self.reward.functions) > 0, "at least one reward function is needed"),
+            ("optim.packing_rows", o.packing_rows is None or (o.packing_rows % shards == 0 and o.packing_rows >= r.G),
+             f"packing_rows={o.packing_rows} must be >= G={r.G} (a chunk holds whole groups) and divisible over "
+             f"the mesh's data*fsdp={shards}"),
             ("critic", r.train_batch % (self.critic_optim.num_minibatches * self.critic_optim.micro_batches
                                         * shards) == 0,
              f"train_batch={r.train_batch} must split into the critic's num_minibatches x micro_batches x the "
@@ -243,6 +272,9 @@ class RunConfig(_Section):
                 GroupFilter(objective, group_size=r.G)
         except (ValueError, TypeError, KeyError, pydantic.ValidationError) as e:
             raise _KeyedError("objective", f"{type(e).__name__}: {e}") from e
+        if o.packing and objective.kind == "gdpo":
+            raise _KeyedError("optim.packing", "kind='gdpo' is not supported packed (its groups_used metric counts "
+                              "the batch's prompts): set optim.packing=false")
         from dapo_jax.rewards.steps import STEP_REWARDS
 
         if objective.needs_step_rewards and self.reward.functions[0].name not in STEP_REWARDS:
@@ -251,6 +283,14 @@ class RunConfig(_Section):
         if objective.max_response_length is not None and objective.max_response_length < r.max_new_tokens:
             raise _KeyedError("objective.max_response_length",
                               f"{objective.max_response_length} < rollout.max_new_tokens={r.max_new_tokens}")
+        if r.overlap and objective.off_policy_correction is None:
+            raise _KeyedError("rollout.overlap", f"overlapped rollouts are one update stale and objective "
+                              f"{self.objective.name!r} has no off-policy correction for them: use "
+                              f"objective.name=dapo_tis or set objective.off_policy_correction (token_tis, "
+                              f"seq_tis, token_mask, seq_mask)")
+        if r.overlap and m.distributed is not None and m.distributed.num_processes != 1:
+            raise _KeyedError("rollout.overlap", "not in a multi-process run (mesh.distributed): the rollout thread "
+                              "and the update would launch collectives in an order that may differ between processes")
         if objective.off_policy_correction is not None and r.recompute_old_logp is False:
             raise _KeyedError("rollout.recompute_old_logp",
                               f"objective.off_policy_correction={objective.off_policy_correction!r} compares the "

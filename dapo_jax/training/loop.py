@@ -34,7 +34,10 @@ from dapo_jax.training.evaluate import eval_key, evaluate
 from dapo_jax.training.group_filter import GroupFilter, selection_stats
 from dapo_jax.training.guards import NonFiniteMonitor, Preempted, Preemption
 from dapo_jax.training.loggers import make_loggers
+from dapo_jax.training.lora import PolicyWeights
 from dapo_jax.training.metrics import MetricsWriter, compile_count
+from dapo_jax.training.packed_step import make_packed_train_step
+from dapo_jax.training.overlap import Prefetched, Prefetcher, pack, unpack
 from dapo_jax.training.rollout import Groups, collect_groups
 from dapo_jax.training.rollout_log import RolloutLog
 from dapo_jax.training.run_dir import RunDir
@@ -42,11 +45,10 @@ from dapo_jax.training.train_step import Batch, TrainState, init_train_state, ma
 
 
 def build_mesh(cfg: RunConfig):
-    from dapo_jax.parallel.mesh import make_mesh, maybe_initialize_distributed
+    from dapo_jax.parallel.mesh import make_mesh
+    from dapo_jax.parallel.process_data import start_processes
 
-    dist = cfg.mesh.distributed
-    if dist is not None:
-        maybe_initialize_distributed(dist.coordinator, dist.num_processes, dist.process_id)
+    start_processes(cfg.mesh.distributed)  # before any other JAX call (docs/multihost.md)
     n = cfg.mesh.data * cfg.mesh.fsdp * cfg.mesh.tensor
     devices = jax.devices()
     if n > len(devices):
@@ -125,6 +127,7 @@ class _Run:
     steps_skipped: int = 0  # steps with no group to train on (dynamic sampling starved under train_on_kept)
     group_filter: dict | None = None  # GFPO's streaming difficulty statistic (`GroupFilter.state_dict`)
     critic: Any = None  # the critic's TrainState (PPO / VAPO: training/critic.py)
+    prefetched: Prefetched | None = None  # the next step's rollout, saved in flight (rollout.overlap)
 
 
 def train(cfg: RunConfig) -> dict:
@@ -142,12 +145,14 @@ def train(cfg: RunConfig) -> dict:
     from dapo_jax.objectives.process import StepRewards
     from dapo_jax.rewards.steps import make_step_scorer
     from dapo_jax.parallel.mesh import batch_sharding
+    from dapo_jax.parallel.process_data import ProcessShare, start_processes
     from dapo_jax.sampling.sampler import make_generate
 
     run_dir = RunDir(cfg)
     objective = cfg.objective_config
     group_filter = GroupFilter(objective, group_size=cfg.rollout.G) if objective.gfpo else None
     r, o = cfg.rollout, cfg.optim
+    start_processes(cfg.mesh.distributed)  # a multi-process run: before any other JAX call
     main = jax.process_index() == 0  # only process 0 prints and writes logs
     say = print if main else (lambda *a, **k: None)
     compile_count()  # install the listener before anything compiles
@@ -160,24 +165,27 @@ def train(cfg: RunConfig) -> dict:
         warnings.warn(f"{stream.num_skipped} of {stream.num_skipped + len(stream)} training prompts are longer than "
                       f"data.max_prompt_length={cfg.data.max_prompt_length} tokens and are dropped", RuntimeWarning)
     mesh = build_mesh(cfg)
+    share = ProcessShare(mesh)  # this process's rows of each generation batch (parallel/process_data.py)
     with run_dir, Preemption() as preemption, jax.set_mesh(mesh), contextlib.ExitStack() as cleanup:
         run_dir.check_same_config()
         model = load_model(cfg, mesh, tokenizer)
-        graphdef, params = nnx.split(model)
-        model_cfg = model.config
-        ref_params = jax.tree.map(jnp.copy, params) if objective.needs_reference else None
+        policy, params = PolicyWeights.build(model, cfg.lora, seed=cfg.train.seed, mesh=mesh)  # LoRA: adapters only
+        graphdef, model_cfg = policy.graphdef, model.config
+        ref_params = policy.reference(params) if objective.needs_reference else None
         tx, schedule = make_optimizer(o, decay_steps=cfg.train.steps * o.num_minibatches)
         state = init_train_state(params, tx)
         del model, params
         scfg = sampling_config(cfg, tokenizer, model_cfg)
-        generate = make_generate(_sampler_graphdef(cfg, graphdef, model_cfg), scfg, r.G)
-        generate_eval = make_generate(graphdef, sampling_config(cfg, tokenizer, model_cfg, eval_mode=True),
+        generate = make_generate(_sampler_graphdef(cfg, policy.sampler_graphdef, model_cfg), scfg, r.G)
+        generate_eval = make_generate(policy.sampler_graphdef, sampling_config(cfg, tokenizer, model_cfg, eval_mode=True),
                                       cfg.train.eval_k)
         logprob_fn = make_logprob_fn(graphdef, temperature=scfg.logprob_temperature)
-        train_step = make_train_step(
+        packed = {} if not o.packing else {  # the padding-free update (training/packed_step.py)
+            "chunk_rows": o.packing_rows, "put": lambda x: to_global(x, batch_sharding(mesh))}
+        train_step = (make_packed_train_step if o.packing else make_train_step)(
             graphdef, tx, schedule, objective=objective, num_minibatches=o.num_minibatches,
             micro_batches=o.micro_batches, temperature=scfg.logprob_temperature,
-            use_ref=objective.needs_reference and objective.kl_in == "loss",
+            use_ref=objective.needs_reference and objective.kl_in == "loss", **packed,
         )
         critic = Critic.build(cfg, mesh) if objective.uses_critic else None  # PPO / VAPO's value model
 
@@ -227,7 +235,7 @@ def train(cfg: RunConfig) -> dict:
             def sharded_generate(params, ids, mask, k):  # prompts laid out over the mesh, as in training
                 return generate_eval(params, *to_global((ids, mask), batch_sharding(mesh)), k)
 
-            res = evaluate(sharded_generate, state.params, eval_stream, tokenizer=tokenizer, scorer=scorer,
+            res = evaluate(sharded_generate, policy.sampler(state.params), eval_stream, tokenizer=tokenizer, scorer=scorer,
                            key=eval_key(key), batch_size=r.gen_batch,
                            k=cfg.train.eval_k, limit=cfg.data.eval_size)
             res["eval/time_s"] = time.perf_counter() - t0
@@ -235,12 +243,12 @@ def train(cfg: RunConfig) -> dict:
             say(f"[dapo-jax] step {step} eval accuracy {res['eval/accuracy']:.3f}", flush=True)
             return res
 
-        def sample_round(step: int, round_idx: int) -> Groups:
-            prompts = stream.next_batch(r.gen_batch)
+        def sample_round(step: int, round_idx: int, params) -> Groups:
+            prompts = share.prompts(stream, r.gen_batch)  # this process's rows; scored here, then gathered
             ids, pmask = prompts.input_ids, prompts.attention_mask
-            ids_g, pmask_g = to_global((ids, pmask), batch_sharding(mesh))
-            out = generate(state.params, ids_g, pmask_g, jax.random.fold_in(jax.random.fold_in(key, step), round_idx))
-            out = to_host(out)
+            ids_g, pmask_g = share.to_global((ids, pmask), r.gen_batch)
+            out = generate(policy.sampler(params), ids_g, pmask_g, jax.random.fold_in(jax.random.fold_in(key, step), round_idx))
+            out = share.local(out)
             p, g, t = out.response_ids.shape
             texts = sources.decode_responses(tokenizer, out.response_ids.reshape(p * g, t),
                                              out.response_mask.reshape(p * g, t))
@@ -248,10 +256,13 @@ def train(cfg: RunConfig) -> dict:
             steps = step_scorer(out.response_ids, out.response_mask, prompts.texts, prompts.answers) if step_scorer else {}
             shaped, mask = shape_rewards(objective, rewards.reshape(p, g), out.lengths, out.truncated,
                                          out.response_mask)
-            return Groups(ids, pmask, out.response_ids, np.asarray(mask, np.float32), out.logprobs,
-                          np.asarray(shaped, np.float32), correct.reshape(p, g), out.lengths,
-                          out.truncated, np.ones(p, bool), np.zeros(p, np.int32), entropy=out.entropy, **steps,
-                          selected=group_filter.select(shaped, out.lengths) if group_filter is not None else None)
+            groups = share.gather(Groups(ids, pmask, out.response_ids, np.asarray(mask, np.float32), out.logprobs,
+                                         np.asarray(shaped, np.float32), correct.reshape(p, g), out.lengths,
+                                         out.truncated, np.ones(p, bool), np.zeros(p, np.int32), entropy=out.entropy,
+                                         **steps), r.gen_batch)  # every process: the whole round, in row order
+            if group_filter is not None:
+                groups.selected = group_filter.select(groups.rewards, groups.lengths)
+            return groups
 
         def keep(groups: Groups) -> np.ndarray:
             # with GFPO, the spread that counts is the kept subset's (group_filter.py)
@@ -259,11 +270,24 @@ def train(cfg: RunConfig) -> dict:
                                          valid=groups.selected)
             return np.asarray(k, bool)
 
+        def collect(step: int, params, carry: Groups | None):  # one step's rollout, here or on the overlap thread
+            out = collect_groups(
+                *rollouts.watch(step, lambda i: sample_round(step, i, params), keep if objective.dynamic_sampling else None),
+                train_batch=r.train_batch, max_gen_batches=r.max_gen_batches, on_starvation=r.on_starvation,
+                carry=carry, carry_surplus=r.carry_surplus,
+            )
+            if group_filter is not None:  # the window after this rollout: what a checkpoint holds
+                run.group_filter = group_filter.state_dict()
+            return out
+
+        prefetch = Prefetcher(collect, context=lambda: jax.set_mesh(mesh), ready=run.prefetched)  # training/overlap.py
+        cleanup.callback(prefetch.close)
+
         last = run_eval(0) if run.step == 0 else {}
         evaluated_at = 0 if run.step == 0 else None
         if critic is not None and run.step == 0:  # VAPO's value pre-training on the initial policy's rollouts
             def pretrain_batch(i: int):
-                g = collect_groups(lambda j: sample_round(0, i), None, train_batch=r.train_batch, max_gen_batches=1,
+                g = collect_groups(lambda j: sample_round(0, i, state.params), None, train_batch=r.train_batch, max_gen_batches=1,
                                    on_starvation="train_on_kept")[0]
                 host = (g.prompt_ids, g.prompt_mask, g.response_ids, g.response_mask, g.rewards,
                         np.broadcast_to(g.valid[:, None], g.rewards.shape))
@@ -276,15 +300,13 @@ def train(cfg: RunConfig) -> dict:
         while run.step < cfg.train.steps:
             step = run.step + 1
             t0 = time.perf_counter()
-            groups, stats, run.carry = collect_groups(
-                *rollouts.watch(step, lambda i: sample_round(step, i), keep if objective.dynamic_sampling else None),
-                train_batch=r.train_batch, max_gen_batches=r.max_gen_batches, on_starvation=r.on_starvation,
-                carry=run.carry, carry_surplus=r.carry_surplus,
-            )
+            groups, stats, run.carry = prefetch.take(step, state.params, run.carry)  # prefetched, else collected now
             t1 = time.perf_counter()
             if group_filter is not None:
                 stats.update(selection_stats(groups, group_filter))
                 run.group_filter = group_filter.state_dict()
+            if r.overlap and step < cfg.train.steps:  # step + 1's rollout samples these params during this update
+                prefetch.submit(step + 1, state.params, run.carry)
             m = {}
             if groups.valid.any():
                 # Prompts (groups) over ("data", "fsdp"): each device holds whole groups of its slice.
@@ -295,9 +317,9 @@ def train(cfg: RunConfig) -> dict:
                 steps = StepRewards(groups.step_rewards, groups.step_ends, groups.step_mask) if step_scorer else None
                 critic_in = {} if critic is None else {
                     "critic_params": run.critic.params, "correct": to_global(groups.correct, batch_sharding(mesh))}
-                batch, critic_batch = prepare(state.params, ref_params, *to_global(host, batch_sharding(mesh)),
+                batch, critic_batch = prepare(policy.trainer(state.params), ref_params, *to_global(host, batch_sharding(mesh)),
                                               steps=to_global(steps, batch_sharding(mesh)), **critic_in)
-                state, m = train_step(state, batch)
+                state, m = train_step(state, batch, **policy.step_kwargs)
                 if critic is not None:
                     run.critic, critic_metrics = critic.update(run.critic, critic_batch)
                     m = {**m, **critic_metrics}
@@ -310,7 +332,7 @@ def train(cfg: RunConfig) -> dict:
             rollouts.write(step, groups, batch.advantages if groups.valid.any() else None)
             run.step = step
             row = {**stats, **m, **counters(),
-                   "rollout_tokens_per_s": stats.get("rollout_tokens", 0.0) / max(t1 - t0, 1e-9),
+                   "rollout_tokens_per_s": stats.get("rollout_tokens", 0.0) / max(stats["rollout_busy_s"], 1e-9),
                    "update_tokens_per_s": float(m.get("update_tokens", 0.0)) / max(t2 - t1, 1e-9),
                    "rollout_time_s": t1 - t0, "update_time_s": t2 - t1, "step_time_s": t2 - t0,
                    "compilations": compile_count()}
@@ -320,17 +342,17 @@ def train(cfg: RunConfig) -> dict:
                             kept=f"{stats.get('kept_fraction', 0):.2f}", ent=f"{float(m.get('entropy', 0)):.2f}")
             monitor.update(step, float(m.get("nonfinite_updates", 0.0)))
             if preemption.requested:
-                _save(ckpt, state, run, stream)
+                _save(ckpt, state, run, stream, prefetch)
                 raise Preempted(f"SIGTERM at step {step}: checkpoint saved in {ckpt.directory}; rerun the same "
                                 f"command to resume")
             if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0 and step < cfg.train.steps:
-                _save(ckpt, state, run, stream)
+                _save(ckpt, state, run, stream, prefetch)
             if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.steps:
                 last.update(run_eval(step))
                 evaluated_at = step
         bar.close()
         if not ckpt.all_steps() or max(ckpt.all_steps()) < run.step:
-            _save(ckpt, state, run, stream)
+            _save(ckpt, state, run, stream, prefetch)
         if evaluated_at != run.step:
             last.update(run_eval(run.step))
         last.update(counters())
@@ -358,34 +380,40 @@ def _restore(cfg: RunConfig, ckpt: Checkpointer, state: TrainState, stream, say,
         return state, run
     if restored is None:
         return state, run
-    run = _Run(restored.step, np.asarray(restored.meta["rng"], np.uint32),
-               Groups.from_state_dict(restored.carry) if restored.carry else None,
-               int(restored.meta.get("steps_skipped", 0)), restored.meta.get("group_filter"), restored.critic)
+    carry, prefetched = unpack(restored.carry, restored.meta.get("prefetched"))
+    run = _Run(restored.step, np.asarray(restored.meta["rng"], np.uint32), carry,
+               int(restored.meta.get("steps_skipped", 0)), restored.meta.get("group_filter"), restored.critic,
+               prefetched)
     stream.load_state_dict(restored.meta["stream"])
     quarantined = f" (unreadable newer checkpoint(s) {restored.quarantined} set aside)" if restored.quarantined else ""
     say(f"[dapo-jax] resumed from step {restored.step} in {ckpt.directory}{quarantined}", flush=True)
     return restored.state, run
 
 
-def _save(ckpt: Checkpointer, state: TrainState, run: _Run, stream) -> None:
+def _save(ckpt: Checkpointer, state: TrainState, run: _Run, stream, prefetch: Prefetcher | None = None) -> None:
+    ready = prefetch.drain() if prefetch is not None else None  # first the rollout in flight: its prompts are read
     meta = {"rng": [int(x) for x in np.asarray(run.rng).ravel()], "stream": stream.state_dict(),
             "steps_skipped": run.steps_skipped}
     if run.group_filter is not None:
         meta["group_filter"] = run.group_filter
-    ckpt.save(run.step, state, meta=meta, carry=run.carry.state_dict() if run.carry is not None else None,
-              critic=run.critic)
+    carry, prefetched = pack(run.carry, ready)
+    if prefetched is not None:
+        meta["prefetched"] = prefetched
+    ckpt.save(run.step, state, meta=meta, carry=carry, critic=run.critic)
 
 
-def load_trained_model(cfg: RunConfig, checkpoint: str | Path | None = None, *, mesh=None):
+def load_trained_model(cfg: RunConfig, checkpoint: str | Path | None = None, *, mesh=None, adapters: bool = False):
     """`(model, tokenizer, step)`: the base model with the params of `checkpoint` (a run dir, its
-    `checkpoints/` folder or one `checkpoints/STEP`; None = the run dir's newest, base model if none)."""
+    `checkpoints/` folder or one `checkpoints/STEP`; None = the run dir's newest, base model if none).
+    A LoRA run's adapters come merged into a plain Decoder, or with `adapters=True` as LoRA modules."""
+    from dapo_jax.models.lora import merged_decoder
     from dapo_jax.training.checkpoint import restore_params
 
     mesh = mesh or build_mesh(cfg)
     with jax.set_mesh(mesh):
         tokenizer = load_tokenizer(cfg)
         model = load_model(cfg, mesh, tokenizer)
-        graphdef, params = nnx.split(model)
+        _, params = PolicyWeights.build(model, cfg.lora, seed=cfg.train.seed, mesh=mesh)  # LoRA: the adapters
         path = Path(checkpoint) if checkpoint is not None else Path(cfg.train.run_dir)
         step = None
         if path.name.isdigit() and path.parent.name == "checkpoints":
@@ -395,10 +423,10 @@ def load_trained_model(cfg: RunConfig, checkpoint: str | Path | None = None, *, 
         if not path.is_dir() or not any(p.name.isdigit() for p in path.iterdir()):
             if checkpoint is not None:
                 raise FileNotFoundError(f"no checkpoint under {checkpoint}")
-            return model, tokenizer, 0
+            return (model if adapters else merged_decoder(model)), tokenizer, 0
         tx, _ = make_optimizer(cfg.optim)
         target = jax.eval_shape(lambda p: init_train_state(p, tx), params)
         target = target._replace(params=params)
         restored = restore_params(path, target, step)
         nnx.update(model, restored.state.params)
-        return model, tokenizer, restored.step
+        return (model if adapters else merged_decoder(model)), tokenizer, restored.step

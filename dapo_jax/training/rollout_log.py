@@ -47,38 +47,40 @@ class RolloutLog:
         self.dir = Path(run_dir) / "rollouts"
         self.every, self.sample, self.tokenizer, self.enabled = every, sample, tokenizer, enabled
         self._first = True
-        self._rounds: list[list] = []  # [Groups, keep mask or None] per generation round of the watched step
+        # step -> [Groups, keep mask or None] per generation round of that watched step (per step: with
+        # rollout.overlap the next step's rollout is watched before this step is written)
+        self._rounds: dict[int, list[list]] = {}
 
     def active(self, step: int) -> bool:
         return self.every > 0 and (self._first or step % self.every == 0)
 
     def watch(self, step: int, sample_round, keep_fn):
         """`(sample_round, keep_fn)` for `collect_groups`, recording the rounds when `step` is logged."""
-        self._rounds = []
         if not self.active(step):
             return sample_round, keep_fn
+        self._first = False
+        rounds = self._rounds[step] = []
 
         def sample(i):
             groups = sample_round(i)
-            self._rounds.append([groups, None])
+            rounds.append([groups, None])
             return groups
 
         def keep(groups):
             mask = keep_fn(groups)
-            self._rounds[-1][1] = np.asarray(mask, bool)
+            rounds[-1][1] = np.asarray(mask, bool)
             return mask
 
         return sample, (keep if keep_fn is not None else None)
 
     def write(self, step: int, batch: Groups, advantages=None) -> Path | None:
         """Writes the watched step's sample; `advantages` = the trained batch's `[P, G, T]` (None: no update)."""
-        if not self.active(step):
+        rounds = self._rounds.pop(step, None)
+        if rounds is None:  # not watched: not a logged step
             return None
-        self._first = False
         adv = None
         if advantages is not None:
             adv = to_host(_per_response(advantages, jnp.asarray(batch.response_mask, jnp.float32)))
-        rounds, self._rounds = self._rounds, []
         if not self.enabled or not rounds:
             return None
         # Trained rows: carried groups first (age > 0), then this step's kept groups in round order.
