@@ -23,7 +23,9 @@ import yaml
 
 from dapo_jax.training.config import ConfigError, RunConfig, save_config
 
-# Keys that may change between a run and its resume (they do not change the trajectory).
+# Keys that may change between a run and its resume (they do not change the trajectory). The mesh
+# (`mesh.*`: its shape and the processes) is one of them: a checkpoint restores onto the new mesh's
+# shardings and the math is the same up to float reduction order.
 RESUMABLE_KEYS = {"train.steps", "train.progress", "train.tensorboard", "train.eval_every",
                   "train.checkpoint_every", "train.keep_checkpoints", "train.run_dir", "train.fresh_start",
                   "train.max_nonfinite_steps", "train.rollouts_every", "train.rollouts_sample", "train.loggers"}
@@ -75,8 +77,9 @@ class RunDir:
             diff.remove("rollout.recompute_old_logp")
         if diff:
             details = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:6])
-            raise ConfigError(f"{saved_file}: resuming this run with a different config ({details}); "
-                              f"use a new train.run_dir")
+            raise ConfigError(f"{saved_file}: resuming this run with a different config ({details}); these keys "
+                              f"change the trajectory (only the mesh, train.steps, evaluation, checkpoint and "
+                              f"logging keys may change on resume): use a new train.run_dir")
 
     def save_config(self) -> Path:
         import jax
@@ -110,7 +113,7 @@ def _default(key: str):
 
 
 def _resumable(key: str) -> bool:
-    return (key in RESUMABLE_KEYS or key.startswith(("data.eval.", "train.eval_", "train.wandb"))
+    return (key in RESUMABLE_KEYS or key.startswith(("data.eval.", "train.eval_", "train.wandb", "mesh."))
             or key in ("data.eval", "data.eval_size"))
 
 
