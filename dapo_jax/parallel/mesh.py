@@ -113,3 +113,25 @@ def maybe_initialize_distributed(
     )
     log.info("jax.distributed initialised: process %d of %d", jax.process_index(), jax.process_count())
     return True
+
+
+class jit_keeping_layout:  # noqa: N801 - used like jax.jit
+    """`jax.jit(fn)` for `fn(state, ...) -> (new_state, aux)` whose `new_state` keeps the layout of the
+    first call's `state` (its leaves' shardings): left to itself XLA may pick another output layout
+    (e.g. an fsdp-sharded weight comes back transposed over the mesh), and the next call, and every
+    other program that takes the state (the sampler), compiles again for it."""
+
+    def __init__(self, fn, *, donate_argnums=0):
+        self.fn, self.donate_argnums, self._jitted = fn, donate_argnums, None
+
+    def _for(self, state):
+        if self._jitted is None:
+            layout = jax.tree.map(lambda x: getattr(x, "sharding", None), state)
+            self._jitted = jax.jit(self.fn, donate_argnums=self.donate_argnums, out_shardings=(layout, None))
+        return self._jitted
+
+    def __call__(self, state, *args, **kwargs):
+        return self._for(state)(state, *args, **kwargs)
+
+    def lower(self, state, *args, **kwargs):
+        return self._for(state).lower(state, *args, **kwargs)

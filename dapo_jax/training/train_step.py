@@ -206,7 +206,9 @@ def make_train_step(
         (params, opt_state, step, skipped), per_mini = jax.lax.scan(functools.partial(minibatch_update, frozen=frozen), carry, minis)
         return TrainState(params, opt_state, step, skipped), step_metrics(per_mini, skipped)
 
-    return jax.jit(step_fn, donate_argnums=0)
+    from dapo_jax.parallel.mesh import jit_keeping_layout
+
+    return jit_keeping_layout(step_fn, donate_argnums=0)  # the state keeps its layout: nothing recompiles
 
 
 def apply_accumulated(tx, schedule, carry, gsum, loss_sum, den, extra, objective_metrics):
