@@ -3,9 +3,10 @@
     dapo-jax train [CONFIG.yaml] [key.sub=value ...]   # no config = the main job, configs/cot_dapo.yaml; rerun = resume
     dapo-jax eval --model RUN_OR_HF_DIR [--data F ...]  # avg@k, pass@k, maj@k; table + results JSON + samples
     dapo-jax eval RUN_DIR [key.sub=value ...]           # the same, old form: the run's newest checkpoint
-    dapo-jax export CHECKPOINT OUT_DIR                  # Hugging Face model + tokenizer
+    dapo-jax export CHECKPOINT OUT_DIR [--peft]         # Hugging Face model + tokenizer (--peft: LoRA adapter)
     dapo-jax show RUN_DIR [STEP]                        # the logged rollouts: prompts, responses, rewards
     dapo-jax plot RUN_DIR                               # PNG curves into RUN_DIR/plots
+    dapo-jax plan [CONFIG.yaml] [key.sub=value ...]    # per-device memory from the compiled programs; nothing runs
 """
 
 from __future__ import annotations
@@ -103,7 +104,17 @@ def cmd_export(args) -> int:
     if not (run_dir / "config.yaml").exists():
         raise ConfigError(f"{ckpt}: no config.yaml in it or its parents: not inside a run directory")
     cfg = load_config(run_dir / "config.yaml")
-    model, tokenizer, step = load_trained_model(cfg, ckpt)
+    if args.peft:  # the LoRA adapter alone, in PEFT's format (models/lora.py)
+        from dapo_jax.models.lora import save_peft_adapter
+
+        if cfg.lora is None:
+            raise ConfigError(f"export --peft: the run in {run_dir} has no lora section (it trained every weight); "
+                              f"export it without --peft")
+        model, _, step = load_trained_model(cfg, ckpt, adapters=True)
+        out = save_peft_adapter(model, args.out_dir, base_model_name_or_path=str(resolve_path(cfg.model.path)))
+        print(f"exported step {step}'s LoRA adapter to {out}")
+        return 0
+    model, tokenizer, step = load_trained_model(cfg, ckpt)  # a LoRA run's adapters merged into the weights
     generation = load_generation_config(resolve_path(cfg.model.path))  # the base's stop tokens and defaults
     out = save_pretrained(model, args.out_dir, tokenizer=tokenizer, generation_config=generation)
     print(f"exported step {step} to {out}")
@@ -123,6 +134,20 @@ def cmd_plot(args) -> int:
     for path in plot_run(args.run_dir, args.out):
         print(path)
     return 0
+
+
+def cmd_plan(args) -> int:
+    """Exit 0, or 5 with --strict when the plan does not fit the device's memory."""
+    from dapo_jax.training.plan import format_plan, make_plan, plan_dict, set_cpu_devices
+
+    config, overrides = _split_config_and_overrides(args.items)
+    cfg = load_config(_resolve_config(config) or MAIN_JOB, overrides)  # a bad key fails here, before compiling
+    if args.cpu_devices:
+        set_cpu_devices(args.cpu_devices)
+    plan = make_plan(cfg, device_memory_gib=args.device_memory, topology=args.topology,
+                     log=lambda msg: print(f"[dapo-jax plan] {msg}", file=sys.stderr, flush=True))
+    print(json.dumps(plan_dict(plan)) if args.json else format_plan(plan))
+    return 5 if args.strict and not plan.fits else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -163,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="write a checkpoint as a Hugging Face model directory with its tokenizer")
     p.add_argument("checkpoint", help="a run dir, its checkpoints/ folder, or checkpoints/STEP")
     p.add_argument("out_dir")
+    p.add_argument("--peft", action="store_true", help="a LoRA run: write its adapter in PEFT's format "
+                   "(adapter_config.json + adapter_model.safetensors) instead of the merged model")
     p.set_defaults(fn=cmd_export)
     p = sub.add_parser("show", help="what the model wrote: a step's logged rollouts with rewards and advantages")
     p.add_argument("run_dir")
@@ -175,6 +202,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir")
     p.add_argument("--out", default=None, help="output folder (default RUN_DIR/plots)")
     p.set_defaults(fn=cmd_plot)
+    p = sub.add_parser("plan", help="per-device memory of a run from its ahead-of-time compiled programs (no weights)")
+    p.add_argument("items", nargs="*", metavar="[CONFIG.yaml] key.sub=value")
+    p.add_argument("--device-memory", dest="device_memory", type=float, metavar="GiB",
+                   help="memory per device (default: the device's memory_stats(); on CPU the host RAM / devices)")
+    p.add_argument("--strict", action="store_true", help="exit 5 when the plan does not fit")
+    p.add_argument("--cpu-devices", dest="cpu_devices", type=int, metavar="N", help="N virtual CPU devices for the mesh")
+    p.add_argument("--topology", help="compile for a TPU topology without the hardware, e.g. v5e:2x2 (needs libtpu)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON (bytes)")
+    p.set_defaults(fn=cmd_plan)
     return parser
 
 
@@ -191,7 +227,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 def main(argv: list[str] | None = None) -> int:
     """Exit codes: 0 done; 2 a user error (one line naming the key, file or row); 3 dynamic sampling
-    starved; 4 non-finite updates kept coming; 143 stopped by SIGTERM after saving a checkpoint."""
+    starved; 4 non-finite updates kept coming; 5 `plan --strict` does not fit; 143 stopped by SIGTERM after saving a checkpoint."""
     from dapo_jax.training.guards import RunStopped
 
     args = build_parser().parse_args(argv)
