@@ -21,6 +21,10 @@ class SamplingConfig:
     The log-probs a rollout reports are under the *tempered full* distribution
     `log_softmax(logits / temperature)`, the trainer's quantity; in greedy mode with `temperature == 0`
     they are under the untempered distribution (temperature 1).
+
+    `compaction=True` drops finished rows from the decode batch once at most half of them are
+    unfinished (stages B, B/2, ... >= `compaction_min_rows`; see `compaction.py`): same tokens and
+    log-probs for the same key, fewer padded forwards when lengths are ragged.
     """
 
     max_new_tokens: int
@@ -30,6 +34,8 @@ class SamplingConfig:
     greedy: bool = False
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int = 0
+    compaction: bool = False
+    compaction_min_rows: int = 8
 
     def __post_init__(self):
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
@@ -48,6 +54,10 @@ class SamplingConfig:
             raise SamplingConfigError(f"eos_token_ids must be >= 0, got {self.eos_token_ids!r}")
         if not isinstance(self.pad_token_id, int) or self.pad_token_id < 0:
             raise SamplingConfigError(f"pad_token_id must be an int >= 0, got {self.pad_token_id!r}")
+        if not isinstance(self.compaction, bool):
+            raise SamplingConfigError(f"compaction must be a bool, got {self.compaction!r}")
+        if not isinstance(self.compaction_min_rows, int) or self.compaction_min_rows < 1:
+            raise SamplingConfigError(f"compaction_min_rows must be an int >= 1, got {self.compaction_min_rows!r}")
 
     @property
     def is_greedy(self) -> bool:

@@ -112,7 +112,8 @@ def concat_response_caches(a: ResponseCache | None, b: ResponseCache) -> Respons
 
 
 def decode_step(
-    model: Decoder, fused: tuple[FusedLayer, ...], prompt: PromptCache, past: ResponseCache | None,
+    model: Decoder, fused: tuple[FusedLayer, ...], prompt: PromptCache,
+    past: ResponseCache | tuple[ResponseCache, ...] | None,
     block: ResponseCache, tokens: jax.Array, positions: jax.Array, slot: jax.Array,
 ) -> tuple[jax.Array, ResponseCache]:
     """Feeds one token per row and returns the next-token logits.
@@ -124,7 +125,8 @@ def decode_step(
       model: the `Decoder` whose parameters to use.
       fused: `fuse_layers(model)`, computed once outside the decode loop.
       prompt: the `PromptCache` of the `P` prompts.
-      past: the filled response slots before `block` (loop-invariant), or None.
+      past: the filled response slots before `block` (loop-invariant): a cache, a tuple of caches
+        (consecutive blocks, read in place, never concatenated), or None.
       block: the response slots being filled; the new key/value goes to `slot`.
       tokens: `[B]` int token ids, `B = P*G`.
       positions: `[B]` int RoPE positions of those tokens.
@@ -134,6 +136,10 @@ def decode_step(
       `(logits [B, V] float32, block)` with the new keys/values written at `slot`.
     """
     cfg = model.config
+    if past is None:
+        past = ()
+    elif isinstance(past, ResponseCache):
+        past = (past,)
     b = tokens.shape[0]
     p, _, g = block.k[0].shape[:3]
     h_kv, r, d = cfg.num_key_value_heads, cfg.num_query_groups, cfg.head_dim
@@ -176,16 +182,15 @@ def decode_step(
         qg = by_prompt(q.reshape(b, h_kv, r, d))  # [P, H_kv, G, r, D]; head h = kv * r + i, as the decoder
         dot = lambda spec, a, c: jnp.einsum(spec, a, c.astype(q.dtype), preferred_element_type=jnp.float32)
         parts = [jnp.where(prompt_visible, dot("pkgrd,pkds->pkgrs", qg, prompt.k[i]) / math.sqrt(d), _NEG_INF)]
-        if past is not None:
-            parts.append(dot("pkgrd,pkgds->pkgrs", qg, past.k[i]) / math.sqrt(d))
+        parts += [dot("pkgrd,pkgds->pkgrs", qg, earlier.k[i]) / math.sqrt(d) for earlier in past]
         parts.append(jnp.where(block_visible, dot("pkgrd,pkgds->pkgrs", qg, bk) / math.sqrt(d), _NEG_INF))
         probs = jax.nn.softmax(jnp.concatenate(parts, axis=-1), axis=-1).astype(q.dtype)
         edges = [part.shape[-1] for part in parts]
         probs = jnp.split(probs, [sum(edges[:j]) for j in range(1, len(edges))], axis=-1)
         mix = lambda spec, a, c: jnp.einsum(spec, a, c.astype(q.dtype))
         out = mix("pkgrs,pksd->pkgrd", probs[0], prompt.v[i])
-        if past is not None:
-            out = out + mix("pkgrs,pkgsd->pkgrd", probs[1], past.v[i])
+        for j, earlier in enumerate(past):
+            out = out + mix("pkgrs,pkgsd->pkgrd", probs[1 + j], earlier.v[i])
         out = out + mix("pkgrs,pkgsd->pkgrd", probs[-1], bv)
         x = x + attn.o_proj(jnp.swapaxes(out, 1, 2).reshape(b, -1))
         gate, up = jnp.split(jnp.dot(layer.post_attention_layernorm(x).astype(dtype), w.gate_up), 2, axis=-1)

@@ -21,6 +21,7 @@ device until the rollout is complete.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -30,9 +31,12 @@ from jax.sharding import PartitionSpec
 
 from dapo_jax.models.decoder import Decoder, KVCache, positions_from_mask
 from dapo_jax.parallel.mesh import BATCH_AXES
+from dapo_jax.sampling.compaction import (
+    batch_ways, gather_prompt_cache, gather_response_cache, live_first, stage_sizes,
+)
 from dapo_jax.sampling.config import SamplingConfig
 from dapo_jax.sampling.decode import (
-    ResponseCache, concat_response_caches, decode_step, empty_response_cache, fuse_layers,
+    PromptCache, ResponseCache, concat_response_caches, decode_step, empty_response_cache, fuse_layers,
     prompt_cache_from_prefill,
 )
 from dapo_jax.sampling.processors import draw_tokens
@@ -58,15 +62,29 @@ _MAX_BLOCKS = 4
 
 
 class _Carry(NamedTuple):
+    """The decode state of one stage's `B_s` rows (`B_s = B` without compaction)."""
+
     t: jax.Array  # next token index to draw
-    block: ResponseCache  # the response slots being filled
-    logits: jax.Array  # [B, V] f32, for token t
-    done: jax.Array  # [B] bool: an EOS was emitted before token t
-    tokens: jax.Array  # [B, T]
-    mask: jax.Array  # [B, T]
-    logp: jax.Array  # [B, T]
-    logq: jax.Array  # [B, T]
-    entropy: jax.Array  # [B, T]
+    blocks: tuple[ResponseCache, ...]  # every block of response slots, filled up to t - 1
+    logits: jax.Array  # [B_s, V] f32, for token t
+    done: jax.Array  # [B_s] bool: an EOS was emitted before token t
+    tokens: jax.Array  # [B_s, T]
+    mask: jax.Array  # [B_s, T]
+    logp: jax.Array  # [B_s, T]
+    logq: jax.Array  # [B_s, T]
+    entropy: jax.Array  # [B_s, T]
+
+
+class _Stage(NamedTuple):
+    """What a stage's rows read and never write: fixed for the stage, gathered at each compaction."""
+
+    rows: jax.Array  # [B_s] int32: each row's index in the full batch (p*G + g)
+    prompt: PromptCache  # [P, ...] at the first stage, then one copy per row
+    n_prompt: jax.Array  # [B_s] int32: real prompt tokens
+    uniforms: jax.Array | None  # [B_s, T]: the row's pre-drawn uniforms (None when greedy)
+
+
+_OUTPUTS = ("tokens", "mask", "logp", "logq", "entropy", "done")
 
 
 def _batch_sharding(x: jax.Array) -> jax.Array:
@@ -134,13 +152,15 @@ def rollout_with_steps(
     logits = _batch_sharding(jnp.repeat(last_logits, g, axis=0))  # [B, V]
     n_prompt = jnp.repeat(prompt_mask.sum(axis=-1), g).astype(jnp.int32)  # [B]
     # every step's randomness at once, so the loop body runs no PRNG (on CPU a threefry call is a
-    # small loop of its own); greedy draws none
+    # small loop of its own); greedy draws none. Row b always reads row b's uniforms, wherever
+    # compaction moves it.
     uniforms = None if config.is_greedy else _batch_sharding(jax.random.uniform(key, (b, t_max), jnp.float32))
+    stage = _Stage(jnp.arange(b, dtype=jnp.int32), prompt_cache, _batch_sharding(n_prompt), uniforms)
 
-    def draw(carry: _Carry) -> _Carry:
+    def draw(carry: _Carry, stage: _Stage) -> _Carry:
         """Draws token t from carry.logits and records it (pad / mask 0 on finished rows)."""
         t = carry.t
-        u = None if uniforms is None else jax.lax.dynamic_slice_in_dim(uniforms, t, 1, axis=1)[:, 0]
+        u = None if stage.uniforms is None else jax.lax.dynamic_slice_in_dim(stage.uniforms, t, 1, axis=1)[:, 0]
         tok, lp, lq = draw_tokens(u, carry.logits, config=config)
         ent = tempered_entropy(carry.logits, config.logprob_temperature)
         live = ~carry.done
@@ -153,45 +173,82 @@ def rollout_with_steps(
             logp=col(carry.logp, lp), logq=col(carry.logq, lq), entropy=col(carry.entropy, ent),
         )
 
-    def fill_block(carry: _Carry, past: ResponseCache | None, start: int, size: int) -> _Carry:
-        """Steps t = start+1 .. start+size: feeds token t-1 into block slot t-1-start, draws token t."""
+    def fill_block(carry: _Carry, stage: _Stage, j: int, start: int, size: int, keep_going_above: int) -> _Carry:
+        """Steps t = start+1 .. start+size: feeds token t-1 into block j's slot t-1-start, draws
+        token t; stops early once at most `keep_going_above` rows are unfinished."""
 
         def cond(carry: _Carry) -> jax.Array:
-            return (carry.t <= start + size) & ~jnp.all(carry.done)
+            return (carry.t <= start + size) & (jnp.sum(~carry.done) > keep_going_above)
 
         def body(carry: _Carry) -> _Carry:
-            prev = jax.lax.dynamic_slice_in_dim(carry.tokens, carry.t - 1, 1, axis=1)[:, 0]  # [B]
+            prev = jax.lax.dynamic_slice_in_dim(carry.tokens, carry.t - 1, 1, axis=1)[:, 0]  # [B_s]
             logits, block = decode_step(
-                model, fused, prompt_cache, past, carry.block, prev, n_prompt + carry.t - 1, carry.t - 1 - start,
+                model, fused, stage.prompt, carry.blocks[:j], carry.blocks[j], prev,
+                stage.n_prompt + carry.t - 1, carry.t - 1 - start,
             )
-            carry = carry._replace(block=_shard_cache(block), logits=_batch_sharding(logits))
-            return draw(carry)._replace(t=carry.t + 1)
+            blocks = (*carry.blocks[:j], _shard_cache(block), *carry.blocks[j + 1:])
+            carry = carry._replace(blocks=blocks, logits=_batch_sharding(logits))
+            return draw(carry, stage)._replace(t=carry.t + 1)
 
         return jax.lax.while_loop(cond, body, carry)
 
+    def compact(carry: _Carry, stage: _Stage, size: int) -> tuple[_Carry, _Stage]:
+        """The `size` rows to go on with (every unfinished one): a gathered copy of their state."""
+        order = live_first(carry.done, size)
+        rows = jnp.take(stage.rows, order)
+        take = lambda x: _batch_sharding(jnp.take(x, order, axis=0))
+        # one block of all T - 1 slots from here on: one decode loop per later stage, not one per block
+        merged = functools.reduce(concat_response_caches, [gather_response_cache(blk, order) for blk in carry.blocks])
+        carry = carry._replace(
+            blocks=(_shard_cache(merged),),
+            **{name: take(getattr(carry, name)) for name in ("logits", *_OUTPUTS)},
+        )
+        stage = _Stage(
+            rows=_batch_sharding(rows), prompt=_shard_cache(gather_prompt_cache(prompt_cache, rows // g)),
+            n_prompt=take(stage.n_prompt), uniforms=None if stage.uniforms is None else take(stage.uniforms),
+        )
+        return carry, stage
+
     zeros_bt = lambda dtype: _batch_sharding(jnp.zeros((b, t_max), dtype))
+    sizes = _block_sizes(t_max - 1)  # tokens 0 .. T-2 are fed back (slots 0 .. T-2); the last never is
     carry = _Carry(
-        t=jnp.zeros((), jnp.int32), block=None, logits=logits, done=jnp.zeros((b,), bool),
+        t=jnp.zeros((), jnp.int32),
+        blocks=tuple(_shard_cache(empty_response_cache(prompt_cache, g, n)) for n in sizes),
+        logits=logits, done=jnp.zeros((b,), bool),
         tokens=_batch_sharding(jnp.full((b, t_max), config.pad_token_id, jnp.int32)),
         mask=zeros_bt(jnp.int32), logp=zeros_bt(jnp.float32), logq=zeros_bt(jnp.float32),
         entropy=zeros_bt(jnp.float32),
     )
-    carry = draw(carry)._replace(t=jnp.ones((), jnp.int32))
-    # tokens 0 .. T-2 are fed back (slots 0 .. T-2); the last token never is
-    past, start = None, 0
-    for size in _block_sizes(t_max - 1):
-        carry = fill_block(carry._replace(block=_shard_cache(empty_response_cache(prompt_cache, g, size))), past, start, size)
-        past, start = concat_response_caches(past, carry.block), start + size
+    carry = draw(carry, stage)._replace(t=jnp.ones((), jnp.int32))
+    stages = stage_sizes(b, enabled=config.compaction, min_rows=config.compaction_min_rows, ways=batch_ways())
+    out = None  # {name: [B, ...]}: every row's outputs, written back at each compaction
+    for k, rows in enumerate(stages):
+        if k:
+            out = _write_back(out, carry, stage)
+            carry, stage = compact(carry, stage, rows)
+        next_rows = stages[k + 1] if k + 1 < len(stages) else 0
+        start = 0
+        for j, n in enumerate(sizes if k == 0 else [t_max - 1]):
+            carry = fill_block(carry, stage, j, start, n, next_rows)
+            start += n
+    out = _write_back(out, carry, stage)
 
     shape = lambda x: x.reshape(p, g, *x.shape[1:])
-    lengths = carry.mask.sum(axis=-1).astype(jnp.int32)
+    lengths = out["mask"].sum(axis=-1).astype(jnp.int32)
     rollout = Rollout(
         prompt_ids=prompt_ids, prompt_mask=prompt_mask,
-        response_ids=shape(carry.tokens), response_mask=shape(carry.mask),
-        logprobs=shape(carry.logp), sampled_logprobs=shape(carry.logq), entropy=shape(carry.entropy),
-        lengths=shape(lengths), truncated=shape(~carry.done),
+        response_ids=shape(out["tokens"]), response_mask=shape(out["mask"]),
+        logprobs=shape(out["logp"]), sampled_logprobs=shape(out["logq"]), entropy=shape(out["entropy"]),
+        lengths=shape(lengths), truncated=shape(~out["done"]),
     )
     return rollout, carry.t - 1
+
+
+def _write_back(out: dict | None, carry: _Carry, stage: _Stage) -> dict:
+    """`out` with the stage's rows written to their places (the stage's own arrays at the first stage)."""
+    if out is None:  # the first stage holds every row, in order
+        return {name: getattr(carry, name) for name in _OUTPUTS}
+    return {name: _batch_sharding(out[name].at[stage.rows].set(getattr(carry, name))) for name in _OUTPUTS}
 
 
 def make_generate(graphdef: nnx.GraphDef, config: SamplingConfig, num_samples: int, *, with_steps: bool = False):

@@ -1,0 +1,95 @@
+"""Active-row compaction: rows that finish early stop costing decode forwards.
+
+Response lengths in long chain-of-thought RL are ragged (a mean well under `max_new_tokens`, a long
+tail), and a batched decode runs until its longest row ends: once most rows have emitted their EOS,
+most of each forward is padding. Every row of a rollout is at the same decode step `t`, so no
+per-row positions are needed to drop them: when the number of unfinished rows falls to at most
+half the current batch, the rollout gathers the unfinished rows (their response caches, logits,
+token and log-prob buffers, their pre-drawn uniforms and their prompt's cache) into a batch of half
+the size and goes on decoding. The batch goes through stages `B, B/2, B/4, ...` down to a floor,
+each a static shape inside the same `jit` (one compilation per prompt bucket, as before); finished
+rows are scattered back to `[B, T]` at every compaction and at the end.
+
+The uniforms of every (row, step) are drawn before decoding and follow their row when it moves, so
+a compacted rollout draws the same tokens as the uncompacted one for the same key, with the same
+log-probs and entropies up to float rounding (the rows' matmuls are batched differently).
+
+After the first compaction a row no longer shares its prompt's cache with the other `G - 1`
+samples: each stage holds a gathered copy (`[B_s, ...]`, `G = 1` in the decode layout), at most
+half the rows' worth of prompt slots.
+
+A stage size must be a multiple of the batch devices ("data" x "fsdp"), so each device keeps an
+equal slice; where the batch cannot halve under that rule there is no compaction (and a warning).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+
+from dapo_jax.parallel.mesh import BATCH_AXES
+from dapo_jax.sampling.decode import PromptCache, ResponseCache
+
+# At most this many stages (B, B/2, B/4, B/8): each later stage compiles one more copy of the decode
+# loop (on a CPU each costs about half the first stage's four block loops), and below B/8 a stage
+# saves at most B/16 rows per step.
+MAX_STAGES = 4
+
+
+def batch_ways() -> int:
+    """How many ways the batch dimension is split under the active mesh (1 without one)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not all(a in mesh.axis_names for a in BATCH_AXES):
+        return 1
+    ways = 1
+    for axis in BATCH_AXES:
+        ways *= mesh.shape[axis]
+    return ways
+
+
+def stage_sizes(rows: int, *, enabled: bool, min_rows: int, ways: int = 1) -> list[int]:
+    """The batch size of each decode stage: `rows`, then halves that stay >= `min_rows` and multiples of `ways`.
+
+    `[rows]` (no compaction) when `enabled` is false or the first half already breaks a rule; that
+    case warns when compaction was asked for."""
+    sizes = [rows]
+    while enabled and len(sizes) < MAX_STAGES:
+        half, odd = divmod(sizes[-1], 2)
+        if odd or half < max(min_rows, 1) or half % ways:
+            break
+        sizes.append(half)
+    if enabled and len(sizes) == 1:
+        warnings.warn(
+            f"rollout.compaction: a batch of {rows} rows cannot halve to >= compaction_min_rows={min_rows} rows "
+            f"in multiples of the {ways} batch devices; decoding without compaction",
+            stacklevel=2,
+        )
+    return sizes
+
+
+def live_first(done: jax.Array, size: int) -> jax.Array:
+    """The indices of the `size` rows to keep: every unfinished row (in row order), then finished ones.
+
+    The caller only compacts once at most `size` rows are unfinished, or once decoding is over (then
+    every row's output has already been written back)."""
+    return jnp.argsort(done, stable=True)[:size].astype(jnp.int32)
+
+
+def _by_row(x: jax.Array) -> jax.Array:
+    """`[P, H_kv, G, ...]` (the decode layout) -> `[P*G, H_kv, ...]`, row `b = p*G + g`."""
+    x = jnp.swapaxes(x, 1, 2)
+    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+def gather_response_cache(cache: ResponseCache, order: jax.Array) -> ResponseCache:
+    """Rows `order` of `cache`, one row per "prompt" (`[B_s, H_kv, 1, ...]`)."""
+    take = lambda x: jnp.take(_by_row(x), order, axis=0)[:, :, None]
+    return ResponseCache(k=tuple(map(take, cache.k)), v=tuple(map(take, cache.v)))
+
+
+def gather_prompt_cache(prompt: PromptCache, prompt_index: jax.Array) -> PromptCache:
+    """A copy of `prompt` with one entry per row: entry i is prompt `prompt_index[i]`."""
+    take = lambda x: jnp.take(x, prompt_index, axis=0)
+    return PromptCache(k=tuple(map(take, prompt.k)), v=tuple(map(take, prompt.v)), mask=take(prompt.mask))
