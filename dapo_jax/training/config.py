@@ -100,6 +100,10 @@ class RolloutSection(_Section):
     top_p: float = Field(default=1.0, gt=0, le=1)
     top_k: int = Field(default=0, ge=0)
     max_new_tokens: int = Field(default=16, gt=0)
+    # Active-row compaction (dapo_jax/sampling/compaction.py): once at most half the rows are still
+    # decoding, go on with a batch of half the size (down to compaction_min_rows); same rollout.
+    compaction: bool = False
+    compaction_min_rows: int = Field(default=8, ge=1)
 
 
 class OptimSection(_Section):

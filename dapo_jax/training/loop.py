@@ -103,7 +103,7 @@ def sampling_config(cfg: RunConfig, tokenizer, model_cfg, *, eval_mode: bool = F
         temperature=t.eval_temperature if eval_mode else r.temperature,
         top_p=t.eval_top_p if eval_mode else r.top_p,
         top_k=t.eval_top_k if eval_mode else r.top_k,
-        eos_token_ids=eos, pad_token_id=int(pad),
+        eos_token_ids=eos, pad_token_id=int(pad), compaction=r.compaction, compaction_min_rows=r.compaction_min_rows,
     )
 
 

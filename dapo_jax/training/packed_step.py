@@ -1,0 +1,187 @@
+"""The policy update on packed sequences: its work follows the real token count, not P·G·(S+T).
+
+    step = make_packed_train_step(graphdef, tx, schedule, objective=..., num_minibatches=..., ...)
+    state, metrics = step(state, batch)        # same Batch, same TrainState, same metrics as train_step
+
+Each mini-batch (the same prompts as `train_step`'s) is packed on the host (`data/packing.py`) into
+chunks of a fixed `[R, L]` shape: whole groups, each (prompt, response) sequence's real tokens end to
+end in a row, attention kept within a sequence by the decoder's `segment_ids`. A jitted function
+adds one chunk's `∇loss_sum`, `loss_sum`, `den` and metrics to an accumulator; the number of chunks
+varies from step to step, so the chunks run from a host loop (one compilation whatever the count),
+then one jitted `apply_accumulated` makes the mini-batch's optimizer update.
+
+Exactness: the chunk's per-token log-probs / entropies are gathered back into the mini-batch's
+`[P, G, T]` layout (0 elsewhere, as `response_logprobs` gives on padding) and the objective
+(`objective_terms`, unchanged) runs on that layout with the response mask restricted to the chunk's
+groups. Every aggregation's `(loss_sum, den)` is a sum over responses (token_mean: tokens;
+seq_mean_*: non-empty responses; Dr. GRPO: non-empty responses · T_max) and every group statistic
+is either computed before the update (advantages) or inside one group, which a chunk holds whole,
+so Σ_chunks equals the unpacked mini-batch's sums; the batch-level entropy statistics (high-entropy
+quantile, EDGE-GRPO's normaliser) come from the same unpacked no-gradient pass as `train_step`'s.
+Sequences whose response mask is all zero carry no loss and are not computed at all.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from dapo_jax.data.packing import pack_groups
+from dapo_jax.objectives.diagnostics import combine_metrics
+from dapo_jax.training.train_step import Batch, TrainState, apply_accumulated, policy_logprobs, step_metrics
+
+
+def packed_logprobs(model, tokens, segment_ids, positions, targets, *, temperature):
+    """log π(target) and entropy `[R, L]` at every packed position (one model call on the chunk)."""
+    from dapo_jax.models.logprobs import token_logprobs
+
+    hidden, _ = model(tokens, positions, (segment_ids > 0).astype(jnp.int32), segment_ids=segment_ids)
+    w = model.output_embedding().astype(model.config.dtype)  # same casts as response_logprobs
+    return token_logprobs(hidden.astype(w.dtype), w, targets, temperature=temperature)
+
+
+def minibatch_prompts(num_prompts: int, num_minibatches: int, micro_batches: int) -> list[np.ndarray]:
+    """The prompt indices of each mini-batch, as `train_step._split` takes them."""
+    n, m = num_minibatches, micro_batches
+    rows = np.arange(num_prompts).reshape(-1, n, m)  # prompt q*n*m + i*m + j -> [q, i, j]
+    return [np.sort(rows[:, i, :].ravel()) for i in range(n)]
+
+
+def make_packed_train_step(
+    graphdef, tx, schedule, *, objective, num_minibatches: int = 1, micro_batches: int = 1,
+    temperature: float = 1.0, use_ref: bool = False, loss_terms: Callable | None = None,
+    chunk_rows: int | None = None, row_length: int | None = None, put: Callable | None = None,
+) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
+    """`step(state, batch) -> (state, metrics)` equal to `make_train_step`'s (to float tolerance).
+
+    chunk_rows: rows R of a packed chunk (default: a micro-batch's responses, P/(n·m)·G, so a chunk
+      takes the memory of one unpacked micro-batch); row_length: L (default S + T, so any sequence fits).
+    put: host array -> device array for the chunks (default `jnp.asarray`; the trainer lays them out
+      over the mesh's batch devices, so R must be a multiple of their count).
+    """
+    if loss_terms is None:
+        from dapo_jax.objectives.loss import objective_terms as loss_terms
+    put = put or jnp.asarray
+    quantile = getattr(objective, "high_entropy_quantile", None)
+    eda = bool(getattr(objective, "entropy_driven_advantage", False))
+
+    def chunk_loss(params, mini: Batch, chunk, stats):
+        tokens, segs, pos, targets, index, valid, groups = chunk
+        logp, entropy = packed_logprobs(nnx.merge(graphdef, params), tokens, segs, pos, targets,
+                                        temperature=temperature)
+        logp = jnp.where(valid, logp.reshape(-1)[index], 0.0)
+        entropy = jnp.where(valid, entropy.reshape(-1)[index], 0.0)
+        mask = mini.response_mask * groups[:, None, None].astype(mini.response_mask.dtype)
+        extra_terms = dict(stats)
+        if mini.behaviour_logp is not None:
+            extra_terms["behaviour_logp"] = mini.behaviour_logp
+        if mini.nll_weight is not None:
+            extra_terms["nll_weight"] = mini.nll_weight * groups[:, None, None]
+        loss_sum, den, metrics = loss_terms(
+            objective, logp=logp, old_logp=mini.old_logp, advantages=mini.advantages, mask=mask,
+            ref_logp=mini.ref_logp if use_ref else None, entropy=entropy, **extra_terms,
+        )
+        m = mask.astype(jnp.float32)
+        extra = {"entropy_sum": jnp.sum(jax.lax.stop_gradient(entropy) * m), "tokens": jnp.sum(m)}
+        return loss_sum, (den, metrics, extra)
+
+    grad_fn = jax.value_and_grad(chunk_loss, has_aux=True)
+
+    @jax.jit
+    def accumulate(params, acc, mini, chunk, stats):
+        (loss_sum, (den, metrics, extra)), grads = grad_fn(params, mini, chunk, stats)
+        gsum, lsum, dsum, esum, msum = acc
+        add = lambda a, b: jax.tree.map(jnp.add, a, b)  # noqa: E731
+        return add(gsum, grads), lsum + loss_sum, dsum + den, add(esum, extra), combine_metrics([msum, metrics])
+
+    @jax.jit
+    def start(params, mini: Batch):
+        """The mini-batch's batch-level entropy statistics (as train_step's, unpacked) and a zero accumulator."""
+        stats = {}
+        if quantile is not None or eda:
+            from dapo_jax.objectives.entropy_advantage import entropy_normaliser
+            from dapo_jax.objectives.policy_loss import high_entropy_threshold
+
+            p = mini.response_ids.shape[0]
+            split = jax.tree.map(lambda x: x.reshape(micro_batches, p // micro_batches, *x.shape[1:]), mini)
+            entropy = jax.lax.stop_gradient(jax.lax.map(lambda mb: policy_logprobs(
+                graphdef, params, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+                temperature=temperature)[1], split)).reshape(mini.response_mask.shape)
+            if quantile is not None:
+                stats["entropy_threshold"] = high_entropy_threshold(entropy, mini.response_mask, quantile=quantile)
+            if eda:
+                stats["entropy_norm"] = entropy_normaliser(entropy, mini.response_mask)
+        return stats
+
+    metric_zeros = {}
+
+    def zero_acc(params, mini, chunk, stats):
+        if not metric_zeros:  # the metrics' names, from a trace (nothing compiles)
+            shapes = jax.eval_shape(lambda *a: chunk_loss(*a)[1][1], params, mini, chunk, stats)
+            metric_zeros.update({k: _identity(k) for k in shapes})
+        zero = jnp.zeros((), jnp.float32)
+        return (jax.tree.map(jnp.zeros_like, params), zero, zero, {"entropy_sum": zero, "tokens": zero},
+                dict(metric_zeros))
+
+    select = jax.jit(lambda batch, idx: jax.tree.map(lambda x: jnp.take(x, idx, axis=0), batch))
+    apply = jax.jit(lambda carry, acc: apply_accumulated(tx, schedule, carry, *acc))
+    finish = jax.jit(lambda outs, skipped: step_metrics(jax.tree.map(lambda *x: jnp.stack(x), *outs), skipped))
+
+    def step(state: TrainState, batch: Batch):
+        from dapo_jax.parallel.host import to_host
+
+        host = to_host((batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask))
+        p, g, t = host[2].shape
+        rows = chunk_rows or p // (num_minibatches * micro_batches) * g
+        length = row_length or host[0].shape[1] + t
+        carry, outs = (state.params, state.opt_state, state.step, state.skipped), []
+        for idx in minibatch_prompts(p, num_minibatches, micro_batches):
+            mini = select(batch, put(idx.astype(np.int32)))
+            chunks = pack_groups(*(x[idx] for x in host), rows=rows, length=length)
+            stats = start(carry[0], mini)
+            acc = None
+            for chunk in chunks:
+                chunk = tuple(put(x) for x in chunk)
+                acc = acc if acc is not None else zero_acc(carry[0], mini, chunk, stats)
+                acc = accumulate(carry[0], acc, mini, chunk, stats)
+            if acc is None:  # nothing to train on in this mini-batch: no update, as unpacked
+                acc = zero_acc(carry[0], mini, tuple(put(x) for x in _empty_chunk(rows, length, host[2][idx].shape)),
+                               stats)
+            carry, out = apply(carry, acc)
+            outs.append(out)
+        params, opt_state, stp, skipped = carry
+        return TrainState(params, opt_state, stp, skipped), finish(outs, skipped)
+
+    step.packing_stats = lambda batch: packing_stats(batch, num_minibatches, micro_batches, chunk_rows, row_length)
+    return step
+
+
+def _identity(name: str):
+    """The neutral (value, count) pair of a metric for `combine_metrics` (sum, _min, _max)."""
+    v = np.inf if name.endswith("_min") else -np.inf if name.endswith("_max") else 0.0
+    return jnp.asarray(v, jnp.float32), jnp.zeros((), jnp.float32)
+
+
+def _empty_chunk(rows: int, length: int, shape) -> tuple:
+    z = np.zeros((rows, length), np.int32)
+    return (z, z, z, z, np.zeros(shape, np.int32), np.zeros(shape, bool), np.zeros(shape[0], bool))
+
+
+def packing_stats(batch, num_minibatches: int, micro_batches: int, chunk_rows=None, row_length=None) -> dict:
+    """Host-side counts: real tokens, the positions the unpacked and the packed update compute, chunks."""
+    pids, pmask, rids, rmask = (np.asarray(x) for x in (batch.prompt_ids, batch.prompt_mask, batch.response_ids,
+                                                          batch.response_mask))
+    p, g, t = rids.shape
+    rows = chunk_rows or p // (num_minibatches * micro_batches) * g
+    length = row_length or pids.shape[1] + t
+    chunks = sum(len(pack_groups(pids[i], pmask[i], rids[i], rmask[i], rows=rows, length=length))
+                 for i in minibatch_prompts(p, num_minibatches, micro_batches))
+    seq = (rmask > 0).sum(-1)
+    real = int(((pmask > 0).sum(-1)[:, None] * (seq > 0) + seq).sum())
+    return {"real_tokens": real, "unpacked_positions": p * g * (pids.shape[1] + t),
+            "packed_positions": chunks * rows * length, "chunks": chunks,
+            "unpacked_chunks": num_minibatches * micro_batches}

@@ -1,0 +1,159 @@
+"""The packed (padding-free) update equals the unpacked one: loss, gradient, new params, metrics."""
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from dapo_jax.models.config import ModelConfig
+from dapo_jax.models.decoder import Decoder
+from dapo_jax.objectives.registry import load_objective
+from dapo_jax.training.metrics import compile_count
+from dapo_jax.training.packed_step import make_packed_train_step, packed_logprobs
+from dapo_jax.training.train_step import Batch, init_train_state, make_train_step
+
+P, G, S, T, V = 4, 3, 5, 6, 32
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tiny_model(seed=0):
+    cfg = ModelConfig(model_type="qwen2", vocab_size=V, hidden_size=16, intermediate_size=32,
+                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+    return Decoder(cfg, rngs=nnx.Rngs(seed))
+
+
+def make_batch(seed=0, max_len=T):
+    """Ragged prompts and responses; group 1 has zero advantage (zero spread), group 2 no token at all."""
+    rng = np.random.default_rng(seed)
+    prompt_mask = (np.arange(S) >= rng.integers(0, S - 1, P)[:, None]).astype(np.int32)
+    lengths = rng.integers(1, max_len + 1, (P, G))
+    resp_mask = (np.arange(T) < lengths[..., None]).astype(np.float32)
+    resp_mask[2] = 0
+    adv = np.repeat(rng.normal(size=(P, G, 1)), T, axis=2).astype(np.float32) * resp_mask
+    adv[1] = 0
+    noise = lambda: rng.normal(size=(P, G, T)) * resp_mask  # noqa: E731
+    old = np.log(1.0 / V) + 0.3 * noise()
+    return Batch(
+        prompt_ids=jnp.asarray(rng.integers(1, V, (P, S)), jnp.int32), prompt_mask=jnp.asarray(prompt_mask),
+        response_ids=jnp.asarray(rng.integers(1, V, (P, G, T)), jnp.int32), response_mask=jnp.asarray(resp_mask),
+        old_logp=jnp.asarray(old, jnp.float32), advantages=jnp.asarray(adv),
+        ref_logp=jnp.asarray(np.log(1.0 / V) + 0.2 * noise(), jnp.float32),
+        behaviour_logp=jnp.asarray(old + 0.2 * noise(), jnp.float32),
+        nll_weight=jnp.asarray((adv > 0) * resp_mask, jnp.float32),
+    )
+
+
+def _steps(objective, n, m, rows):
+    graphdef, params = nnx.split(tiny_model())
+    tx = optax.sgd(0.1)  # new params = params - 0.1 * grad: comparing them compares the gradients
+    schedule = optax.constant_schedule(0.1)
+    kw = dict(objective=objective, num_minibatches=n, micro_batches=m,
+              use_ref=objective.needs_reference and objective.kl_in == "loss")
+    return (params, tx, make_train_step(graphdef, tx, schedule, **kw),
+            make_packed_train_step(graphdef, tx, schedule, chunk_rows=rows, **kw))
+
+
+def _fields(objective, batch):
+    return batch._replace(behaviour_logp=batch.behaviour_logp if objective.needs_behaviour_logp else None,
+                          nll_weight=batch.nll_weight if objective.nll_coef > 0 else None)
+
+
+CASES = [  # (recipe, overrides, num_minibatches, micro_batches, chunk rows: None = a micro-batch's)
+    ("dapo", {}, 2, 1, G),
+    ("grpo", {}, 1, 2, None),  # KL (k3) in the loss, seq-mean-token-mean
+    ("dr_grpo", {"max_response_length": T}, 1, 1, G),  # constant normaliser
+    ("gspo", {}, 1, 2, G),  # sequence-level ratio, seq-mean-token-mean
+    ("cispo", {"nll_coef": 0.1}, 2, 1, None),  # with VAPO's NLL term on nll_weight
+    # batch-level entropy statistics (high-entropy quantile, EDGE-GRPO's normaliser), an entropy bonus,
+    # a sequence-level off-policy mask on behaviour_logp
+    ("edge_grpo", {"high_entropy_quantile": 0.5, "entropy_coef": 0.01, "off_policy_correction": "seq_mask",
+                   "off_policy_cap": 1.5}, 1, 2, G),
+]
+
+
+@pytest.mark.parametrize("name,overrides,n,m,rows", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_packed_update_equals_unpacked(name, overrides, n, m, rows):
+    objective = load_objective(name, **overrides)
+    batch = _fields(objective, make_batch())
+    params, tx, unpacked, packed = _steps(objective, n, m, rows)
+    state_u, met_u = unpacked(init_train_state(jax.tree.map(jnp.copy, params), tx), batch)
+    state_p, met_p = packed(init_train_state(params, tx), batch)
+    assert sorted(met_u) == sorted(met_p)
+    for k in met_u:
+        np.testing.assert_allclose(np.asarray(met_p[k]), np.asarray(met_u[k]), rtol=2e-5, atol=1e-6, err_msg=k)
+    assert float(met_u["update_applied"]) == 1.0 and float(met_u["loss"]) != 0.0
+    for a, b in zip(jax.tree.leaves(state_u.params), jax.tree.leaves(state_p.params)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-7)
+    assert int(state_p.step) == int(state_u.step) == n
+    if rows == G:  # the small chunks really split each mini-batch
+        assert packed.packing_stats(batch)["chunks"] > n
+
+
+def test_segments_attend_only_within_themselves():
+    """A row packing two sequences gives each the hidden states and log-probs it has alone."""
+    graphdef, params = nnx.split(tiny_model(1))
+    fwd = jax.jit(lambda ids, pos, segs: nnx.merge(graphdef, params)(ids, pos, jnp.ones_like(ids) if segs is None
+                                                                      else (segs > 0).astype(jnp.int32),
+                                                                      segment_ids=segs)[0])
+    rng = np.random.default_rng(1)
+    a, b = rng.integers(1, V, 5), rng.integers(1, V, 3)
+    tokens = np.zeros((1, 10), np.int32)
+    tokens[0, :5], tokens[0, 5:8] = a, b
+    segs = np.array([[1] * 5 + [2] * 3 + [0] * 2], np.int32)
+    pos = np.array([[0, 1, 2, 3, 4, 0, 1, 2, 0, 0]], np.int32)
+    hidden = fwd(tokens, pos, segs)
+    alone = {}
+    for seq, sl in ((a, slice(0, 5)), (b, slice(5, 8))):
+        alone[len(seq)] = fwd(seq[None].astype(np.int32), np.arange(len(seq))[None], None)
+        np.testing.assert_allclose(np.asarray(hidden[0, sl]), np.asarray(alone[len(seq)][0]), rtol=1e-5, atol=1e-6)
+    targets = np.zeros_like(tokens)
+    targets[0, :4], targets[0, 5:7] = a[1:], b[1:]
+    logp, _ = jax.jit(lambda *x: packed_logprobs(nnx.merge(graphdef, params), *x, temperature=1.0))(
+        tokens, segs, pos, targets)
+    w = np.asarray(nnx.merge(graphdef, params).output_embedding())
+    for seq, start in ((a, 0), (b, 5)):  # log_softmax(h W)[next token], written out in NumPy
+        z = np.asarray(alone[len(seq)][0]) @ w
+        ref = z - np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True)) - z.max(-1, keepdims=True)
+        n = len(seq) - 1
+        np.testing.assert_allclose(np.asarray(logp[0, start:start + n]), ref[np.arange(n), seq[1:]], rtol=1e-5,
+                                   atol=1e-5)
+
+
+def test_no_recompilation_when_lengths_change():
+    objective = load_objective("dapo")
+    params, tx, _, packed = _steps(objective, 2, 1, G)
+    state = init_train_state(params, tx)
+    compile_count()
+    short, full = _fields(objective, make_batch(4, max_len=1)), _fields(objective, make_batch(4))
+    empty = _fields(objective, make_batch(5)._replace(response_mask=jnp.asarray(np.zeros((P, G, T), np.float32))))
+    assert packed.packing_stats(short)["chunks"] != packed.packing_stats(full)["chunks"]
+    state, _ = packed(state, short)
+    jax.block_until_ready(state)
+    after_first = compile_count()
+    state, metrics = packed(state, full)
+    jax.block_until_ready(state)
+    assert compile_count() == after_first
+    state, m_empty = packed(state, empty)  # nothing to train on: no chunk at all, no update
+    jax.block_until_ready(state)
+    assert compile_count() == after_first
+    assert float(metrics["update_applied"]) == 1.0 and float(m_empty["update_applied"]) == 0.0
+
+
+@pytest.mark.slow
+def test_training_with_packing_runs_and_compiles_once(tmp_path):
+    from dapo_jax.training.config import load_config
+    from dapo_jax.training.loop import train
+    from dapo_jax.training.metrics import read_metrics
+
+    cfg = load_config(ROOT / "configs" / "tiny_dapo.yaml", [
+        "optim.packing=true", "train.steps=2", "train.eval_every=0", "train.eval_k=1", "data.eval_size=4",
+        "train.checkpoint_every=0", "train.progress=false", "train.tensorboard=false",
+        f"train.run_dir={tmp_path / 'run'}"])
+    train(cfg)
+    steps = [r for r in read_metrics(tmp_path / "run") if "loss" in r]
+    assert len(steps) == 2 and all(np.isfinite(r["loss"]) and r["update_tokens"] > 0 for r in steps)
+    assert steps[1]["compilations"] == steps[0]["compilations"]
