@@ -87,9 +87,24 @@ class Restored(NamedTuple):
 
 
 def abstract_like(tree):
-    """ShapeDtypeStructs with the leaves' shardings: the restore target (the current mesh's layout)."""
+    """ShapeDtypeStructs with the leaves' shardings: the restore target (the current mesh's layout).
+
+    A leaf without a sharding (e.g. the optimizer moments of an `eval_shape`d state) takes that of a
+    sharded leaf of the same shape (a parameter's: the same memory per device), else replicated on
+    their mesh: left unset, Orbax would use the saved layout, which fails on another mesh or process
+    count."""
+    named = [x.sharding for x in jax.tree.leaves(tree)
+             if isinstance(getattr(x, "sharding", None), jax.sharding.NamedSharding)]
+    by_shape = {}
+    for x in jax.tree.leaves(tree):
+        if isinstance(getattr(x, "sharding", None), jax.sharding.NamedSharding):
+            by_shape.setdefault(tuple(np.shape(x)), x.sharding)
+
     def one(x):
         sharding = getattr(x, "sharding", None)
+        if sharding is None and named:
+            sharding = by_shape.get(tuple(np.shape(x)),
+                                    jax.sharding.NamedSharding(named[0].mesh, jax.sharding.PartitionSpec()))
         return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding)
     return jax.tree.map(one, tree)
 

@@ -1,0 +1,40 @@
+"""`python -m tests.parallel.audited_train RECORD RUN_DIR dapo-jax-args...`: the CLI, recording in
+RECORD every file this process opens for writing, creates, renames or removes under RUN_DIR (Python's
+audit hooks), so a test can check what each process of a multi-process run wrote."""
+
+import os
+import sys
+
+
+def main() -> None:
+    record, run_dir, args = sys.argv[1], os.path.realpath(sys.argv[2]), sys.argv[3:]
+    out = open(record, "a", buffering=1)  # line by line: a SIGKILLed process keeps what it recorded
+    writes = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+
+    def under(path) -> str | None:
+        try:
+            p = os.path.realpath(os.fsdecode(path))
+        except (TypeError, ValueError):
+            return None
+        return os.path.relpath(p, run_dir) if p == run_dir or p.startswith(run_dir + os.sep) else None
+
+    def hook(event: str, a: tuple) -> None:
+        if event == "open" and isinstance(a[0], (str, bytes, os.PathLike)):
+            mode, flags = a[1], a[2] or 0
+            if (isinstance(mode, str) and any(c in mode for c in "wax+")) or (mode is None and flags & writes):
+                rel = under(a[0])
+                if rel is not None:
+                    out.write(f"open {rel}\n")
+        elif event in ("os.mkdir", "os.rename", "os.remove", "os.rmdir", "os.truncate", "shutil.rmtree"):
+            rel = under(a[0])
+            if rel is not None:
+                out.write(f"{event} {rel}\n")
+
+    sys.addaudithook(hook)
+    from dapo_jax.cli import main as cli
+
+    sys.exit(cli(args))
+
+
+if __name__ == "__main__":
+    main()

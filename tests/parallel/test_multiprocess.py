@@ -1,0 +1,158 @@
+"""Two processes (jax.distributed over localhost, one CPU device each, mesh fsdp=2) train as the
+one-process run on two devices does, each reading only its block of every generation batch; only
+process 0 writes; both are SIGKILLed after a checkpoint and the resumed pair ends where the
+uninterrupted run does.
+
+One module-scoped fixture runs everything once: the one-process reference in this process (2 of its
+8 fake devices), and meanwhile the two-process run, killed once checkpoint 2 is on disk, then
+resumed by a second pair of processes. The tiny run uses DAPO's dynamic sampling with up to two
+generation rounds per step, so the processes must agree on every round.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from dapo_jax.training.config import load_config
+from dapo_jax.training.loop import load_trained_model, train
+from dapo_jax.training.metrics import read_metrics
+from tests.training.conftest import make_tiny_model, tiny_overrides
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 5
+EXTRA = {"train.steps": STEPS, "train.checkpoint_every": 1, "data.eval": "null", "mesh.fsdp": 2,
+         "train.tensorboard": "true", "train.rollouts_every": 1}
+COMPARED = ("reward_mean", "accuracy", "kept_fraction", "gen_rounds", "response_length_mean", "loss", "grad_norm",
+            "entropy")
+TIMEOUT_S = 600
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _launch(model_dir: Path, run_dir: Path, tag: str) -> list[tuple[subprocess.Popen, Path, Path]]:
+    """Starts the two processes of a run (`tests/parallel/audited_train.py` records what each writes)."""
+    port = _free_port()
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"}
+    out = []
+    for i in range(2):
+        log, record = run_dir.parent / f"{tag}.p{i}.log", run_dir.parent / f"{tag}.p{i}.writes"
+        cmd = [sys.executable, "-m", "tests.parallel.audited_train", str(record), str(run_dir), "train", "tiny_dapo",
+               *tiny_overrides(model_dir, run_dir, **EXTRA), f"mesh.distributed.coordinator=localhost:{port}",
+               "mesh.distributed.num_processes=2", f"mesh.distributed.process_id={i}"]
+        with open(log, "w") as f:
+            out.append((subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT), log, record))
+    return out
+
+
+def _tail(procs) -> str:
+    return "\n".join(f"--- {log.name}\n{log.read_text()[-3000:]}" for _, log, _ in procs)
+
+
+def _wait(procs, deadline: float) -> None:
+    try:
+        for p, _, _ in procs:
+            p.wait(timeout=max(deadline - time.time(), 1))
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the two-process run did not finish in {TIMEOUT_S} s\n{_tail(procs)}")
+    finally:
+        for p, _, _ in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("multiprocess")
+    model_dir = make_tiny_model(root / "model")
+    deadline = time.time() + TIMEOUT_S
+    two = root / "two" / "run"
+    two.parent.mkdir()
+    first = _launch(model_dir, two, "first")
+    killed_at: list[int] = []
+
+    def kill_after_checkpoint_2():  # SIGKILL both once checkpoint 2 is complete (mid step 3 or so)
+        while time.time() < deadline and all(p.poll() is None for p, _, _ in first):
+            if (two / "checkpoints" / "2").is_dir():
+                for p, _, _ in first:
+                    p.send_signal(signal.SIGKILL)
+                killed_at.append(max(int(d.name) for d in (two / "checkpoints").iterdir() if d.name.isdigit()))
+                return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_after_checkpoint_2)
+    killer.start()
+    one = root / "one" / "run"
+    cfg = load_config(None, tiny_overrides(model_dir, one, **EXTRA))
+    train(cfg)  # the reference: one process, the same 2-device mesh
+    killer.join()
+    _wait(first, deadline)
+    assert killed_at and [p.returncode for p, _, _ in first] == [-signal.SIGKILL] * 2, _tail(first)
+    resumed = _launch(model_dir, two, "resumed")
+    _wait(resumed, deadline)
+    assert [p.returncode for p, _, _ in resumed] == [0, 0], _tail(resumed)
+    log = resumed[0][1].read_text()
+    resumed_from = [int(line.split("resumed from step ")[1].split()[0]) for line in log.splitlines()
+                    if "resumed from step " in line]
+    assert resumed_from, log[-2000:]
+    return {"cfg": cfg, "one": one, "two": two, "first": first, "resumed": resumed, "resumed_from": resumed_from[0]}
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    return [r for r in read_metrics(run_dir) if "grad_norm" in r]
+
+
+def test_two_processes_train_as_one_and_resume_after_sigkill_where_it_would_have_been(runs):
+    one, two = _rows(runs["one"]), _rows(runs["two"])
+    assert [r["step"] for r in one] == [r["step"] for r in two] == list(range(1, STEPS + 1))
+    for key in COMPARED:
+        np.testing.assert_allclose([r[key] for r in two], [r[key] for r in one], rtol=1e-5, atol=1e-7, err_msg=key)
+    # dynamic sampling ran a second round in some step: both processes agreed on it (no deadlock)
+    assert max(r["gen_rounds"] for r in two) == 2
+    assert 2 <= runs["resumed_from"] < STEPS  # killed after checkpoint 2, before the last one
+    # the final weights: the two-process checkpoint, restored in this one process, equals the reference's
+    step_a, params_a = _params(runs["cfg"], runs["one"])
+    step_b, params_b = _params(runs["cfg"], runs["two"])
+    assert step_a == step_b == STEPS
+    for a, b in zip(params_a, params_b):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _params(cfg, run_dir: Path):
+    model, _, step = load_trained_model(cfg, run_dir)
+    return step, [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
+
+
+def test_only_process_0_writes_outside_the_checkpoints(runs):
+    for launch in ("first", "resumed"):
+        p0, p1 = (record.read_text().splitlines() if record.exists() else [] for _, _, record in runs[launch])
+        wrote = {line.split()[1].split("/")[0] for line in p0}
+        assert {"metrics.jsonl", "rollouts", "tensorboard"} <= wrote, (launch, sorted(wrote))
+        if launch == "first":
+            assert "config.yaml" in wrote
+        # process 1 takes part in the checkpoints (Orbax: every process saves its shards) and nothing else
+        others = [line for line in p1 if line.split()[1] not in (".", "checkpoints")
+                  and not line.split()[1].startswith("checkpoints/")]
+        assert others == [], (launch, others)
+    # one metrics row per step and launch (process 1 appended none): the steps up to the checkpoint
+    # resumed from were written once, the ones redone after it at most twice
+    steps = [json.loads(line)["step"] for line in (runs["two"] / "metrics.jsonl").read_text().splitlines()]
+    assert all(steps.count(s) == 1 for s in range(1, runs["resumed_from"] + 1)), steps
+    assert all(steps.count(s) in (1, 2) for s in range(runs["resumed_from"] + 1, STEPS + 1)), steps
