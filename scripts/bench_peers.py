@@ -125,6 +125,11 @@ def update_flops(info: dict, seq_lengths: list[int]) -> float:
     return 6.0 * info["matmul_params"] * tokens + attn
 
 
+def flops_rate(info: dict, seqs_per_step: list[list[int]], update_s: list[float]) -> float:
+    """Median over the timed steps of update FLOPs / update seconds."""
+    return float(np.median([update_flops(info, seqs) / u for seqs, u in zip(seqs_per_step, update_s)]))
+
+
 def matmul_peak(n: int = 1024, repeats: int = 5) -> float:
     """Best f32 FLOP/s of an n x n x n jnp.dot in this process."""
     import jax
@@ -144,9 +149,12 @@ def matmul_peak(n: int = 1024, repeats: int = 5) -> float:
 # ----------------------------------------------------------------------------- our side
 def has_packing() -> bool:
     from dapo_jax.training.config import OptimSection
-    from dapo_jax.training.train_step import make_train_step
 
-    return "packing" in OptimSection.model_fields and "packing" in inspect.signature(make_train_step).parameters
+    try:
+        from dapo_jax.training.packed_step import make_packed_train_step  # noqa: F401
+    except ImportError:
+        return False
+    return "packing" in OptimSection.model_fields
 
 
 def has_compaction() -> bool:
@@ -156,7 +164,20 @@ def has_compaction() -> bool:
 
 
 def run_ours(model_dir: Path, w: Workload, info: dict, *, packing: bool, compaction: bool) -> dict:
-    """The trainer's own functions (make_generate, make_train_step, compute_advantages), as the loop calls them."""
+    """The trainer's own functions (make_generate, make_train_step or make_packed_train_step,
+    compute_advantages), as the loop calls them, on a one-device mesh as the loop builds it."""
+    import jax
+
+    from dapo_jax.parallel.mesh import make_mesh
+    from dapo_jax.training.metrics import compile_count
+
+    compile_count()
+    mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])  # as the trainer builds it for one device
+    with jax.set_mesh(mesh):
+        return _run_ours(model_dir, w, info, mesh, packing=packing, compaction=compaction)
+
+
+def _run_ours(model_dir, w, info, mesh, *, packing: bool, compaction: bool) -> dict:
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -164,28 +185,34 @@ def run_ours(model_dir: Path, w: Workload, info: dict, *, packing: bool, compact
     from dapo_jax.models.hf_io import load_pretrained, load_tokenizer
     from dapo_jax.objectives.loss import compute_advantages
     from dapo_jax.objectives.registry import load_objective
+    from dapo_jax.parallel.host import to_global
+    from dapo_jax.parallel.mesh import batch_sharding
     from dapo_jax.sampling.config import SamplingConfig
     from dapo_jax.sampling.sampler import make_generate
     from dapo_jax.training.config import OptimSection
     from dapo_jax.training.metrics import compile_count
     from dapo_jax.training.train_step import Batch, init_train_state, make_optimizer, make_train_step
 
-    compile_count()
     tok = load_tokenizer(model_dir)
-    model = load_pretrained(model_dir)
+    model = load_pretrained(model_dir, mesh=mesh)
     graphdef, params = nnx.split(model)
+    put = lambda x: to_global(x, batch_sharding(mesh))  # noqa: E731
     objective = load_objective("dapo", dynamic_sampling=False, overlong_buffer=None,
                                max_response_length=w.max_new_tokens, eps_low=w.eps_low, eps_high=w.eps_high)
-    optim = OptimSection(lr=w.lr, weight_decay=0.0, grad_clip=1.0, **({"packing": packing} if packing else {}))
+    optim = OptimSection(lr=w.lr, weight_decay=0.0, grad_clip=1.0)
     tx, schedule = make_optimizer(optim)
     state = init_train_state(params, tx)
     extra = {"compaction": True} if compaction else {}
     scfg = SamplingConfig(max_new_tokens=w.max_new_tokens, temperature=w.temperature,
                           eos_token_ids=(tok.eos_token_id,), pad_token_id=tok.pad_token_id, **extra)
     generate = make_generate(graphdef, scfg, w.G)
-    step_kw = {"packing": True} if packing else {}
-    train_step = make_train_step(graphdef, tx, schedule, objective=objective, num_minibatches=1, micro_batches=1,
-                                 temperature=scfg.logprob_temperature, **step_kw)
+    if packing:  # the padding-free update, as the loop builds it (training/packed_step.py)
+        from dapo_jax.training.packed_step import make_packed_train_step as make_step
+        step_kw = {"chunk_rows": None, "put": put}
+    else:
+        make_step, step_kw = make_train_step, {}
+    train_step = make_step(graphdef, tx, schedule, objective=objective, num_minibatches=1, micro_batches=1,
+                           temperature=scfg.logprob_temperature, **step_kw)
 
     @jax.jit
     def prepare(rewards, response_mask):
@@ -194,7 +221,7 @@ def run_ours(model_dir: Path, w: Workload, info: dict, *, packing: bool, compact
 
     texts = prompt_texts(w)
     key = jax.random.PRNGKey(w.seed)
-    step_s, gen_s, upd_s, lengths, flops = [], [], [], [], []
+    step_s, gen_s, upd_s, lengths, seqs = [], [], [], [], []
     compiles_after_1 = None
     for step in range(w.steps):
         rows = [tok.encode(t, add_special_tokens=False) for t in texts[step * w.prompts:(step + 1) * w.prompts]]
@@ -203,7 +230,7 @@ def run_ours(model_dir: Path, w: Workload, info: dict, *, packing: bool, compact
         for i, r in enumerate(rows):
             ids[i, w.max_prompt_length - len(r):], pmask[i, w.max_prompt_length - len(r):] = r, 1
         t0 = time.perf_counter()
-        out = jax.block_until_ready(generate(state.params, ids, pmask, jax.random.fold_in(key, step)))
+        out = jax.block_until_ready(generate(state.params, *put((ids, pmask)), jax.random.fold_in(key, step)))
         t1 = time.perf_counter()
         resp, rmask = np.asarray(out.response_ids), np.asarray(out.response_mask)
         p, g, t = resp.shape
@@ -211,8 +238,9 @@ def run_ours(model_dir: Path, w: Workload, info: dict, *, packing: bool, compact
         rewards = np.asarray([reward(s) for s in decoded], np.float32).reshape(p, g)
         mask = rmask.astype(np.float32)
         t2 = time.perf_counter()
+        rewards, mask = put((rewards, mask))
         adv = prepare(rewards, mask)
-        batch = Batch(out.prompt_ids, out.prompt_mask, out.response_ids, jnp.asarray(mask), out.logprobs, adv,
+        batch = Batch(out.prompt_ids, out.prompt_mask, out.response_ids, mask, out.logprobs, adv,
                       jnp.zeros_like(out.logprobs))
         state, metrics = train_step(state, batch)
         jax.block_until_ready(metrics)
@@ -222,12 +250,11 @@ def run_ours(model_dir: Path, w: Workload, info: dict, *, packing: bool, compact
         upd_s.append(t3 - t2)
         lens = rmask.sum(-1).ravel().tolist()
         lengths.append(lens)
-        flops.append(update_flops(info, [int(pmask[i // g].sum()) + int(x) for i, x in enumerate(lens)]))
+        seqs.append([int(pmask[i // g].sum()) + int(x) for i, x in enumerate(lens)])
         if step == 0:
             compiles_after_1 = compile_count()
     res = summarize(step_s, gen_s, upd_s, lengths, warmup=w.warmup_steps)
-    timed = slice(w.warmup_steps, None)
-    res["update_flops_per_s"] = float(np.median([f / u for f, u in zip(flops[timed], upd_s[timed])]))
+    res["update_flops_per_s"] = flops_rate(info, seqs[w.warmup_steps:], upd_s[w.warmup_steps:])
     res["compilations_after_step1"] = compile_count() - compiles_after_1
     res["framework"] = "dapo_jax" + (" +packing" if packing else "") + (" +compaction" if compaction else "")
     return res
@@ -260,6 +287,20 @@ def default_python(name: str) -> str:
 
 
 # ----------------------------------------------------------------------------- report
+def add_ratios(results: list[dict]) -> float | None:
+    """Each peer's `ratio_to_ours` = its median step time / the fastest dapo_jax variant's (named in
+    `ours_reference`); returns that step time (None when no dapo_jax run)."""
+    ours = [r for r in results if r["framework"].startswith("dapo_jax") and "error" not in r]
+    if not ours:
+        return None
+    ref = min(ours, key=lambda r: r["step_s"])
+    for r in results:
+        if "error" not in r and r not in ours:
+            r["ratio_to_ours"] = r["step_s"] / ref["step_s"]
+            r["ours_reference"] = ref["framework"]
+    return ref["step_s"]
+
+
 def fmt_row(r: dict, ours_step: float | None) -> str:
     if "error" in r:
         return f"  {r['framework']:<30} NOT RUN: {r['error']}"
@@ -279,6 +320,9 @@ def main(argv=None) -> int:
     ap.add_argument("--trl-python", default=None, help="interpreter with trl installed (default: this one if it has trl)")
     ap.add_argument("--tunix-python", default=None, help="interpreter with google-tunix installed")
     ap.add_argument("--peer-timeout", type=float, default=1800.0, help="seconds per peer run")
+    ap.add_argument("--variants", default=None,
+                    help="dapo_jax variants: base, compaction, packing, packing+compaction (default: every one this "
+                         "checkout has; --quick: the last of them)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps (default: the workload's)")
     ap.add_argument("--json", default=None, help="also write every result here (JSON lines)")
     args = ap.parse_args(argv)
@@ -298,16 +342,24 @@ def main(argv=None) -> int:
           f"load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, jax {jax.__version__} on {jax.devices()[0].platform}, "
           f"matmul peak {peak / 1e9:.1f} GFLOP/s (f32 1024^3 jnp.dot, best of 5)", flush=True)
     print(f"[bench_peers] workload: {w.to_json()}", flush=True)
-    variants = [(False, False)]
+    available = {"base": (False, False)}
     if has_compaction():
-        variants.append((False, True))
+        available["compaction"] = (False, True)
     if has_packing():
-        variants += [(True, False)] + ([(True, True)] if has_compaction() else [])
+        available["packing"] = (True, False)
+        if has_compaction():
+            available["packing+compaction"] = (True, True)
+    names = list(available)[-1:] if args.quick and not args.variants else (args.variants or ",".join(available)).split(",")
+    missing = [n for n in names if n not in available]
+    if missing:
+        print(f"[bench_peers] dapo_jax variant(s) {missing} not available in this checkout (have {list(available)})")
+    variants = [available[n] for n in names if n in available]
     all_results = []
     for size in sizes:
         with tempfile.TemporaryDirectory(prefix=f"bench_peers_{size}_") as tmp:
             model_dir = Path(tmp)
             info = build_model(size, w, model_dir)
+            load_before = list(os.getloadavg())
             print(f"\n== {size}: {info['params']:,} parameters ({info['config']}), EOS weight "
                   f"{info['eos_weight']:.3f} for p_eos {info['p_eos_target']:.4f}", flush=True)
             results = []
@@ -317,21 +369,19 @@ def main(argv=None) -> int:
                 results.append(r)
             for name, python in peers.items():
                 r = run_peer(name, python, model_dir, w, size, args.peer_timeout)
-                if "error" not in r:
-                    seqs = r.pop("seq_lengths", None)
-                    if seqs and r.get("update_s"):
-                        r["update_flops_per_s"] = update_flops(info, seqs) / r["update_s"]
+                if "error" not in r:  # FLOP/s from the sequences each update trained on, as for ours
+                    seqs, upd = r.pop("seq_lengths_per_step", None), r.pop("update_s_all", None)
+                    if seqs and upd:
+                        r["update_flops_per_s"] = flops_rate(info, seqs, upd)
                         r["update_peak_fraction"] = r["update_flops_per_s"] / peak
                 results.append(r)
-            best = min((r["step_s"] for r in results if r["framework"].startswith("dapo_jax")), default=None)
+            best = add_ratios(results)
             print(f"  {'framework':<30} {'step_s':>8} {'vs ours':>7} {'gen_s':>8} {'update_s':>8} {'host_s':>8} "
                   f"{'mean_len':>7} {'GFLOP/s':>7} {'%peak':>6} {'compiles':>6}")
             for r in results:
                 print(fmt_row(r, best), flush=True)
             for r in results:
-                r.update(size=size, params=info["params"], peak_flops_per_s=peak)
-                if "error" not in r and best and not r["framework"].startswith("dapo_jax"):
-                    r["ratio_to_ours"] = r["step_s"] / best
+                r.update(size=size, params=info["params"], peak_flops_per_s=peak, load_before=load_before)
                 emit(r)
                 all_results.append(r)
     if args.json:
