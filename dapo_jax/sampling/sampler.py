@@ -9,7 +9,9 @@
    position `n_prompt + t - 1`, response slot `t - 1`) through `decode.decode_step` and draw token
    t, until every row has emitted an EOS or T tokens exist. The response slots come in up to
    `_MAX_BLOCKS` blocks, one `while_loop` each, so early steps do not attend over empty slots.
-   All uniforms are drawn before the loops.
+   All uniforms are drawn before the loops. With `config.compaction`, the unfinished rows move to
+   a batch of half the size once at most half are left (`compaction.py`), and later stages use one
+   block of all `T - 1` slots (one more `while_loop` per stage).
 3. After a row's EOS it emits `pad_token_id` with mask 0 and log-probs 0.
 4. Each step also records the entropy of the distribution it draws from, at the sampling
    temperature and before top-k/top-p (the train step's `entropy` metric), so the entropy of every
