@@ -32,7 +32,7 @@ from flax import nnx
 
 from dapo_jax.data.packing import pack_groups
 from dapo_jax.objectives.diagnostics import combine_metrics
-from dapo_jax.training.train_step import Batch, TrainState, apply_accumulated, policy_logprobs, step_metrics
+from dapo_jax.training.train_step import Batch, TrainState, _joined, apply_accumulated, policy_logprobs, step_metrics
 
 
 def packed_logprobs(model, tokens, segment_ids, positions, targets, *, temperature):
@@ -69,10 +69,10 @@ def make_packed_train_step(
     quantile = getattr(objective, "high_entropy_quantile", None)
     eda = bool(getattr(objective, "entropy_driven_advantage", False))
 
-    def chunk_loss(params, mini: Batch, chunk, stats):
+    def chunk_loss(params, mini: Batch, chunk, stats, frozen=None):
         tokens, segs, pos, targets, index, valid, groups = chunk
-        logp, entropy = packed_logprobs(nnx.merge(graphdef, params), tokens, segs, pos, targets,
-                                        temperature=temperature)
+        model = nnx.merge(graphdef, frozen, params) if frozen is not None else nnx.merge(graphdef, params)
+        logp, entropy = packed_logprobs(model, tokens, segs, pos, targets, temperature=temperature)
         logp = jnp.where(valid, logp.reshape(-1)[index], 0.0)
         entropy = jnp.where(valid, entropy.reshape(-1)[index], 0.0)
         mask = mini.response_mask * groups[:, None, None].astype(mini.response_mask.dtype)
@@ -92,14 +92,14 @@ def make_packed_train_step(
     grad_fn = jax.value_and_grad(chunk_loss, has_aux=True)
 
     @jax.jit
-    def accumulate(params, acc, mini, chunk, stats):
-        (loss_sum, (den, metrics, extra)), grads = grad_fn(params, mini, chunk, stats)
+    def accumulate(params, acc, mini, chunk, stats, frozen):
+        (loss_sum, (den, metrics, extra)), grads = grad_fn(params, mini, chunk, stats, frozen)
         gsum, lsum, dsum, esum, msum = acc
         add = lambda a, b: jax.tree.map(jnp.add, a, b)  # noqa: E731
         return add(gsum, grads), lsum + loss_sum, dsum + den, add(esum, extra), combine_metrics([msum, metrics])
 
     @jax.jit
-    def start(params, mini: Batch):
+    def start(params, mini: Batch, frozen):
         """The mini-batch's batch-level entropy statistics (as train_step's, unpacked) and a zero accumulator."""
         stats = {}
         if quantile is not None or eda:
@@ -109,7 +109,7 @@ def make_packed_train_step(
             p = mini.response_ids.shape[0]
             split = jax.tree.map(lambda x: x.reshape(micro_batches, p // micro_batches, *x.shape[1:]), mini)
             entropy = jax.lax.stop_gradient(jax.lax.map(lambda mb: policy_logprobs(
-                graphdef, params, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+                graphdef, _joined(frozen, params), mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
                 temperature=temperature)[1], split)).reshape(mini.response_mask.shape)
             if quantile is not None:
                 stats["entropy_threshold"] = high_entropy_threshold(entropy, mini.response_mask, quantile=quantile)
@@ -119,9 +119,9 @@ def make_packed_train_step(
 
     metric_zeros = {}
 
-    def zero_acc(params, mini, chunk, stats):
+    def zero_acc(params, mini, chunk, stats, frozen):
         if not metric_zeros:  # the metrics' names, from a trace (nothing compiles)
-            shapes = jax.eval_shape(lambda *a: chunk_loss(*a)[1][1], params, mini, chunk, stats)
+            shapes = jax.eval_shape(lambda *a: chunk_loss(*a)[1][1], params, mini, chunk, stats, frozen)
             metric_zeros.update({k: _identity(k) for k in shapes})
         zero = jnp.zeros((), jnp.float32)
         return (jax.tree.map(jnp.zeros_like, params), zero, zero, {"entropy_sum": zero, "tokens": zero},
@@ -131,7 +131,8 @@ def make_packed_train_step(
     apply = jax.jit(lambda carry, acc: apply_accumulated(tx, schedule, carry, *acc))
     finish = jax.jit(lambda outs, skipped: step_metrics(jax.tree.map(lambda *x: jnp.stack(x), *outs), skipped))
 
-    def step(state: TrainState, batch: Batch):
+    def step(state: TrainState, batch: Batch, frozen=None):
+        """`frozen`: weights merged with `state.params` but not trained (LoRA's base), as train_step's."""
         from dapo_jax.parallel.host import to_host
 
         host = to_host((batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask))
@@ -142,15 +143,15 @@ def make_packed_train_step(
         for idx in minibatch_prompts(p, num_minibatches, micro_batches):
             mini = select(batch, put(idx.astype(np.int32)))
             chunks = pack_groups(*(x[idx] for x in host), rows=rows, length=length)
-            stats = start(carry[0], mini)
+            stats = start(carry[0], mini, frozen)
             acc = None
             for chunk in chunks:
                 chunk = tuple(put(x) for x in chunk)
-                acc = acc if acc is not None else zero_acc(carry[0], mini, chunk, stats)
-                acc = accumulate(carry[0], acc, mini, chunk, stats)
+                acc = acc if acc is not None else zero_acc(carry[0], mini, chunk, stats, frozen)
+                acc = accumulate(carry[0], acc, mini, chunk, stats, frozen)
             if acc is None:  # nothing to train on in this mini-batch: no update, as unpacked
                 acc = zero_acc(carry[0], mini, tuple(put(x) for x in _empty_chunk(rows, length, host[2][idx].shape)),
-                               stats)
+                               stats, frozen)
             carry, out = apply(carry, acc)
             outs.append(out)
         params, opt_state, stp, skipped = carry
