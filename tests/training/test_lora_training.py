@@ -16,7 +16,7 @@ from dapo_jax.models.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, merged_decoder
 from dapo_jax.objectives.config import ObjectiveConfig
 from dapo_jax.sampling.config import SamplingConfig
 from dapo_jax.sampling.sampler import make_generate
-from dapo_jax.training.config import CONFIG_DIR, LoRASection, OptimSection, load_config
+from dapo_jax.training.config import CONFIG_DIR, ConfigError, LoRASection, OptimSection, load_config
 from dapo_jax.training.lora import PolicyWeights
 from dapo_jax.training.train_step import (
     Batch, init_train_state, make_logprob_fn, make_optimizer, make_train_step, policy_logprobs,
@@ -133,6 +133,17 @@ def test_reference_is_the_base_and_the_sampler_gives_the_trainers_logprobs(base_
     ref_base, zeros = policy.reference(adapters)
     assert ref_base is policy.frozen and not any(np.any(np.asarray(x)) for x in jax.tree.leaves(zeros))
     assert isinstance(policy.decoder(adapters), Decoder)
+
+
+@pytest.mark.parametrize("override,key", [("lora.rank=0", "lora.rank"), ("lora.alpha=-1", "lora.alpha"),
+                                          ("lora.targets=[q_proj,q_proj]", "lora.targets"),
+                                          ("lora.targets=[lm_head]", "lora.targets.0"), ("lora.targets=[]", "lora.targets"),
+                                          ("lora.dropout=0.1", "lora.dropout")])
+def test_bad_lora_config_names_the_key(override, key):
+    with pytest.raises(ConfigError, match=rf"tiny_dapo_lora.yaml: {key}: "):
+        load_config(CONFIG_DIR / "tiny_dapo_lora.yaml", [override])
+    assert load_config(CONFIG_DIR / "tiny_dapo_lora.yaml", ["lora=null"]).lora is None
+    assert load_config(None, ["lora.rank=4"]).lora == LoRASection(rank=4)
 
 
 @pytest.mark.slow
