@@ -8,6 +8,15 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# JAX's persistent compilation cache, shared by the xdist workers and the subprocesses tests start:
+# dozens of tests compile the same tiny run's programs, and most of the suite's time is XLA compiling
+# them. A hit still fires the backend-compile event, so `compile_count()` (and the tests that count
+# compilations) see the same numbers; the cache key is the program's HLO and the compiler's options
+# and versions, so a changed program can never get a stale executable.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
+    __import__("tempfile").gettempdir(), f"dapo_jax_test_jax_cache_{os.getuid()}"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import pytest
 from hypothesis import settings
