@@ -193,8 +193,9 @@ def _like_params(opt_state, params):
 
 
 def make_plan(cfg: RunConfig, *, device_memory_gib: float | None = None, topology: str | None = None,
-              log=None) -> MemoryPlan:
-    """Compiles the run's rollout, log-prob and update programs on abstract inputs and adds them up."""
+              log=None, only: tuple[str, ...] | None = None) -> MemoryPlan:
+    """Compiles the run's rollout, log-prob and update programs on abstract inputs and adds them up
+    (`only`: the names of the programs to compile, e.g. `("update",)`; default all)."""
     from dapo_jax.models.decoder import Decoder
     from dapo_jax.models.generation_config import GenerationConfig
     from dapo_jax.models.sharding import check_divisible, partition_spec
@@ -215,6 +216,8 @@ def make_plan(cfg: RunConfig, *, device_memory_gib: float | None = None, topolog
     programs: dict[str, Program] = {}
 
     def compile_(name, fn, *args):
+        if only is not None and name not in only:
+            return
         log(f"compiling {name} ...")
         programs[name] = Program.of(name, fn.lower(*args).compile())
 
