@@ -36,8 +36,8 @@ def test_quick_ours_figures_are_sane(quick, capsys):
     assert r["step_s"] > 0 and r["generate_s"] > 0 and r["update_s"] > 0
     assert r["host_s"] >= -1e-3
     assert len(r["step_s_all"]) == w.steps
-    assert r["step_s"] == pytest.approx(sorted(r["step_s_all"][w.warmup_steps:])[0] / 2
-                                        + sorted(r["step_s_all"][w.warmup_steps:])[1] / 2)
+    timed = r["step_s_all"][w.warmup_steps:]  # rounded to 0.1 ms; the median of 2 is their mean
+    assert r["step_s"] == pytest.approx(sum(timed) / 2, abs=1e-3)
     assert 0 < r["update_peak_fraction"] < 1.5  # FLOPs counted on the right scale (not 100x off)
     assert r["update_flops_per_s"] == pytest.approx(r["update_peak_fraction"] * r["peak_flops_per_s"])
     assert r["compilations_after_step1"] == 0  # fixed shapes: nothing compiles after the first step
