@@ -16,23 +16,17 @@ generate = the time inside `_generate_single_turn` (transformers `generate`); ho
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_workload import Workload, emit, prompt_texts, reward, summarize  # noqa: E402
+from bench_workload import emit, peer_args, prompt_texts, reward, summarize  # noqa: E402
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model-dir", required=True)
-    ap.add_argument("--workload", required=True)
-    ap.add_argument("--size", default="")
-    args = ap.parse_args(argv)
-    w = Workload.from_json(args.workload)
+    args, w = peer_args(argv)
 
     import torch
     import transformers

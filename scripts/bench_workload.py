@@ -84,6 +84,18 @@ def median(xs) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
 
 
+def peer_args(argv=None):
+    """`(args, workload)` from a peer runner's command line: --model-dir, --workload (JSON), --size."""
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model-dir", required=True)
+    ap.add_argument("--workload", required=True)
+    ap.add_argument("--size", default="")
+    args = ap.parse_args(argv)
+    return args, Workload.from_json(args.workload)
+
+
 def emit(result: dict) -> None:
     print(RESULT_TAG + json.dumps(result), flush=True)
 
