@@ -121,8 +121,3 @@ def _build(placed, prompt_ids, prompt_real, plen, response_ids, rlen, rows, leng
         groups[p] = True
     return PackedChunk(tokens, segs, pos, targets, index, valid, groups)
 
-
-def padded_tokens(prompt_mask, response_mask) -> int:
-    """What the unpacked update computes: P·G·(S+T) positions."""
-    p, g, t = np.shape(response_mask)
-    return p * g * (np.shape(prompt_mask)[1] + t)
