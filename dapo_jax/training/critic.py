@@ -32,7 +32,7 @@ from dapo_jax.objectives.diagnostics import combine_stacked, finalize_metrics
 from dapo_jax.objectives.gae import advantages_and_targets, value_loss
 from dapo_jax.objectives.nll import nll_weights
 from dapo_jax.objectives.registry import AGGREGATIONS
-from dapo_jax.training.train_step import Batch, TrainState, _split, init_train_state, make_optimizer, tree_all_finite
+from dapo_jax.training.train_step import Batch, TrainState, _split, finite_update, init_train_state, make_optimizer
 
 
 class CriticBatch(NamedTuple):
@@ -90,17 +90,13 @@ def make_critic_step(graphdef, tx: optax.GradientTransformation, schedule: optax
         safe_den = jnp.maximum(den, 1e-8)  # Σ∇loss_sum / Σden: the exact token mean
         grads = jax.tree.map(lambda g: g / safe_den.astype(g.dtype), gsum)
         grad_norm = optax.tree.norm(grads)
-        updates, new_opt = tx.update(grads, opt_state, params)
-        new_params = optax.apply_updates(params, updates)
-        finite = (jnp.isfinite(grad_norm) & jnp.isfinite(loss_sum) & tree_all_finite(new_params)
-                  & tree_all_finite(new_opt))
+        params, opt_state, finite = finite_update(
+            tx, grads, opt_state, params, finite=jnp.isfinite(grad_norm) & jnp.isfinite(loss_sum), when=den > 0)
         apply = finite & (den > 0)
-        keep = lambda new, old: jnp.where(apply, new, old)  # noqa: E731
         out = {"loss": loss_sum / safe_den, "grad_norm": grad_norm, "learning_rate": schedule(step),
                "update_applied": apply.astype(jnp.float32), "nonfinite_updates": (~finite).astype(jnp.float32),
                "pairs": combine_stacked(metrics)}
-        carry = (jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_opt, opt_state), step + 1,
-                 skipped + (~finite).astype(jnp.int32))
+        carry = (params, opt_state, step + 1, skipped + (~finite).astype(jnp.int32))
         return carry, out
 
     def step_fn(state: TrainState, batch: CriticBatch):

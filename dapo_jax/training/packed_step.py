@@ -128,7 +128,8 @@ def make_packed_train_step(
                 dict(metric_zeros))
 
     select = jax.jit(lambda batch, idx: jax.tree.map(lambda x: jnp.take(x, idx, axis=0), batch))
-    apply = jax.jit(lambda carry, acc: apply_accumulated(tx, schedule, carry, *acc))
+    # the carry (parameters, moments) is donated: the update is written over it, in place
+    apply = jax.jit(lambda carry, acc: apply_accumulated(tx, schedule, carry, *acc), donate_argnums=0)
     finish = jax.jit(lambda outs, skipped: step_metrics(jax.tree.map(lambda *x: jnp.stack(x), *outs), skipped))
 
     def step(state: TrainState, batch: Batch, frozen=None):

@@ -211,6 +211,24 @@ def make_train_step(
     return jit_keeping_layout(step_fn, donate_argnums=0)  # the state keeps its layout: nothing recompiles
 
 
+def finite_update(tx, grads, opt_state, params, *, finite, when):
+    """`tx`'s update of `(params, opt_state)` by `grads`, applied only `when` and if `finite` and the new
+    parameters and moments are all finite. Returns `(params, opt_state, finite and the new state finite)`.
+
+    Two passes over the update: the first only reduces the new state to one "all finite" bit, the
+    second recomputes it inside `lax.cond` and writes it over the donated state. Keeping the new and
+    old state side by side for a `jnp.where` costs a second copy of the parameters and both moments
+    (0.48 GiB of the 2.29 GiB of temporaries of a 2-layer Qwen2.5-0.5B-shaped update).
+    """
+    def updated():
+        updates, new_opt = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), new_opt
+
+    finite = finite & tree_all_finite(updated())
+    params, opt_state = jax.lax.cond(finite & when, updated, lambda: (params, opt_state))
+    return params, opt_state, finite
+
+
 def apply_accumulated(tx, schedule, carry, gsum, loss_sum, den, extra, objective_metrics):
     """One optimizer update from a mini-batch's accumulated `Σ∇loss_sum`, `Σloss_sum`, `Σden` (and
     `extra` = entropy_sum / tokens, `objective_metrics` = its combined (value, count) pairs);
@@ -220,15 +238,10 @@ def apply_accumulated(tx, schedule, carry, gsum, loss_sum, den, extra, objective
     safe_den = jnp.maximum(den, 1e-8)
     grads = jax.tree.map(lambda g: g / safe_den.astype(g.dtype), gsum)
     grad_norm = optax.tree.norm(grads)
-    updates, new_opt = tx.update(grads, opt_state, params)
-    new_params = optax.apply_updates(params, updates)
     loss = loss_sum / safe_den
-    finite = (jnp.isfinite(grad_norm) & jnp.isfinite(loss) & tree_all_finite(new_params)
-              & tree_all_finite(new_opt))
+    params, opt_state, finite = finite_update(
+        tx, grads, opt_state, params, finite=jnp.isfinite(grad_norm) & jnp.isfinite(loss), when=den > 0)
     apply = finite & (den > 0)
-    keep = lambda new, old: jnp.where(apply, new, old)  # noqa: E731
-    params = jax.tree.map(keep, new_params, params)
-    opt_state = jax.tree.map(keep, new_opt, opt_state)
     out = {
         "loss": loss,
         **{f"objective/{k}": v for k, v in objective_metrics.items()},
