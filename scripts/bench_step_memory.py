@@ -3,6 +3,7 @@
     python scripts/bench_step_memory.py make-model /tmp/qwen0.5b-random  # random bf16 weights, 494M params
     python scripts/bench_step_memory.py run /tmp/qwen0.5b-random          # one step under /usr/bin/time -v
     python scripts/bench_step_memory.py plan /tmp/qwen0.5b-random         # `dapo-jax plan` of the same step
+    python scripts/bench_step_memory.py remat                             # does remat free activations here?
 
 `make-model` writes Qwen2.5-0.5B's config.json values with random bf16 weights (988 MB) and the
 Qwen2.5 tokenizer from ../shared/tokenizers/qwen2.5 into a folder outside the checkout. `run` trains
@@ -107,13 +108,43 @@ def plan(model_dir: str, extra: list[str]) -> None:
     raise SystemExit(subprocess.run(cmd, cwd=ROOT).returncode)
 
 
+def remat() -> None:
+    """Temporaries (XLA's memory_analysis) of one jitted gradient of a 12-layer decoder's forward, per
+    remat policy and compute dtype: whether remat frees activations on this backend."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from dapo_jax.models.config import ModelConfig
+    from dapo_jax.models.decoder import Decoder, positions_from_mask
+
+    ids = jnp.ones((4, 512), jnp.int32)
+    for policy in ("none", "full", "dots_saveable"):
+        for dtype in ("bfloat16", "float32"):
+            cfg = ModelConfig(model_type="qwen2", vocab_size=1024, hidden_size=512, intermediate_size=2048,
+                              num_hidden_layers=12, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+                              dtype=dtype, remat=policy)
+            graphdef, params = nnx.split(nnx.eval_shape(lambda c=cfg: Decoder(c, rngs=nnx.Rngs(0))), nnx.Param)
+
+            def loss(p, graphdef=graphdef):
+                hidden, _ = nnx.merge(graphdef, p)(ids, positions_from_mask(ids), ids)
+                return jnp.sum(hidden.astype(jnp.float32) ** 2)
+
+            temp = jax.jit(jax.grad(loss)).lower(params).compile().memory_analysis().temp_size_in_bytes
+            print(f"remat={policy:14s} dtype={dtype:9s} temporaries {temp / 2**20:8.1f} MiB", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("action", choices=["make-model", "run", "plan"])
-    parser.add_argument("model_dir")
+    parser.add_argument("action", choices=["make-model", "run", "plan", "remat"])
+    parser.add_argument("model_dir", nargs="?", help="the model folder (not for remat)")
     parser.add_argument("extra", nargs="*", help="further config overrides")
     args = parser.parse_args()
-    if args.action == "make-model":
+    if args.action == "remat":
+        remat()
+    elif args.model_dir is None:
+        parser.error(f"{args.action} needs MODEL_DIR")
+    elif args.action == "make-model":
         make_model(Path(args.model_dir))
     elif args.action == "run":
         run(args.model_dir, args.extra)

@@ -185,6 +185,23 @@ _REMAT = {
     "full": nnx.remat(_block_forward),
     "dots_saveable": nnx.remat(_block_forward, policy=jax.checkpoint_policies.dots_saveable),
 }
+_SCAN_REMAT = {"full": jax.checkpoint_policies.nothing_saveable, "dots_saveable": jax.checkpoint_policies.dots_saveable}
+
+
+def _stacked_layers(layers, dtype) -> tuple[nnx.GraphDef, nnx.State]:
+    """The blocks' graphdef and their states stacked along a new leading axis, for one `lax.scan`.
+
+    Matmul weights (Linear kernels and biases, which `nnx.Linear` casts to the compute dtype before
+    use anyway) are cast to `dtype` before stacking, so the stacked copy costs the compute dtype's
+    bytes; norm weights and LoRA factors keep their dtype. The gradient flows back through the stack
+    and the casts to every block's own parameters."""
+    graphdef = nnx.graphdef(layers[0])
+    def cast(path, x):
+        name = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)][-1]
+        return x.astype(dtype) if name in ("kernel", "bias") else x
+
+    states = [jax.tree.map_with_path(cast, nnx.state(layer)) for layer in layers]
+    return graphdef, jax.tree.map(lambda *xs: jnp.stack(xs), *states)
 
 
 class Decoder(nnx.Module):
@@ -226,6 +243,8 @@ class Decoder(nnx.Module):
         allowed = allowed | (k_idx[None, :] == q_idx[:, None])[None]
         inv_freq = rope_inv_freq(cfg)
         x = self.embed_tokens(input_ids)
+        if cache is None and cfg.remat != "none" and len(self.layers) > 1:
+            return self.norm(self._scan_layers(x, positions, allowed, inv_freq)), None
         forward = _REMAT[cfg.remat]
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
@@ -239,6 +258,23 @@ class Decoder(nnx.Module):
             cache = KVCache(jnp.stack(new_k), jnp.stack(new_v), key_real, cache.end + s)
         return hidden, cache
 
+    def _scan_layers(self, x, positions, allowed, inv_freq):
+        """The blocks without a KV cache (training, log-probs, prefill-free forward) as one `lax.scan`
+        over their stacked weights, with `config.remat` applied to the scan body.
+
+        Same arithmetic as calling the blocks one by one. The reason is memory: XLA's CPU scheduler
+        drops remat's ordering between unrolled layers (a checkpointed 24-layer stack keeps every
+        layer's activations and weight casts alive into the backward pass), while a scan body is
+        recomputed one layer at a time on every backend. It also compiles one block instead of L."""
+        graphdef, stacked = _stacked_layers(self.layers, jnp.dtype(self.config.dtype))
+
+        def body(h, state):
+            h, _ = nnx.merge(graphdef, state)(h, positions, allowed, inv_freq, None)
+            return h, None
+
+        body = jax.checkpoint(body, policy=_SCAN_REMAT[self.config.remat], prevent_cse=False)
+        return jax.lax.scan(body, x, stacked)[0]
+
     def output_embedding(self) -> jax.Array:
         """The `[d, V]` matrix that maps hidden states to logits (the embedding's transpose when tied)."""
         if self.config.tie_word_embeddings:
@@ -247,5 +283,8 @@ class Decoder(nnx.Module):
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Full-vocabulary logits `[..., V]` in float32 (use `models.logprobs` to avoid materialising them)."""
-        w = self.output_embedding().astype(self.config.dtype)
-        return jnp.einsum("...d,dv->...v", hidden.astype(w.dtype), w, preferred_element_type=jnp.float32)
+        if self.config.tie_word_embeddings:  # contract E [V, d] directly: no transposed copy of it (CPU)
+            w, spec = self.embed_tokens.embedding[...].astype(self.config.dtype), "...d,vd->...v"
+        else:
+            w, spec = self.lm_head.kernel[...].astype(self.config.dtype), "...d,dv->...v"
+        return jnp.einsum(spec, hidden.astype(w.dtype), w, preferred_element_type=jnp.float32)

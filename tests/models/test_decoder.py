@@ -233,3 +233,78 @@ def test_remat_full_gives_identical_values_and_gradients():
         for (p, a), (_, b) in zip(nnx.to_flat_state(g0), nnx.to_flat_state(g)):
             np.testing.assert_allclose(np.asarray(b.get_value()), np.asarray(a.get_value()), atol=1e-6, err_msg=f"{remat} {p}")
     assert np.abs(np.asarray(g0["lm_head"]["kernel"].get_value())).max() > 0
+
+
+def _loss_and_grads(model, ids, mask):
+    targets = jnp.roll(ids, -1, axis=1)
+
+    def loss(m):
+        logp = jax.nn.log_softmax(full_logits(m, ids, mask))
+        picked = jnp.take_along_axis(logp, targets[..., None], -1)[..., 0]
+        return -jnp.sum(picked * mask) / mask.sum()
+
+    return nnx.jit(nnx.value_and_grad(loss))(model)
+
+
+def _with_lora(model):
+    from dapo_jax.models.lora import add_lora
+
+    add_lora(model, rank=2, alpha=4, rngs=nnx.Rngs(3))
+    for i, (_, var) in enumerate(nnx.to_flat_state(nnx.state(model, nnx.LoRAParam))):
+        var.set_value(0.3 * jax.random.normal(jax.random.key(50 + i), var.get_value().shape))
+    return model
+
+
+def test_layer_scan_with_lora_gives_the_layer_loops_values_and_gradients():
+    """remat != none runs the blocks as one lax.scan over their stacked weights; LoRA adapters ride
+    along in the stack and get their gradients back (float32: equal to float tolerance)."""
+    cfg = CONFIGS["qwen3"].replace(num_hidden_layers=3)
+    ids, mask = left_padded(seed=16)
+    (v0, g0), (v1, g1) = (_loss_and_grads(_with_lora(make_model(cfg.replace(remat=r), seed=17)), ids, mask)
+                          for r in ("none", "full"))
+    np.testing.assert_allclose(float(v1), float(v0), rtol=1e-6)
+    flat0, flat1 = nnx.to_flat_state(g0), nnx.to_flat_state(g1)
+    assert [p for p, _ in flat0] == [p for p, _ in flat1]
+    assert sum("lora_b" in str(p) for p, _ in flat1) == 3 * len(("q", "k", "v", "o", "gate", "up", "down"))
+    for (p, a), (_, b) in zip(flat0, flat1):
+        np.testing.assert_allclose(np.asarray(b.get_value()), np.asarray(a.get_value()), atol=1e-6, err_msg=str(p))
+
+
+def test_layer_scan_in_bf16_is_as_accurate_as_the_layer_loop():
+    """With bf16 compute and float32 parameters the scan stacks the matmul weights already cast to
+    bf16. Its loss and float32 gradients are as close to the float32 model's as the layer loop's (XLA
+    fuses the bf16 roundings differently in a scan body, so the two bf16 results differ by bf16 noise)."""
+    cfg = CONFIGS["qwen2"].replace(num_hidden_layers=3)
+    ids, mask = left_padded(seed=14)
+    results = {}
+    for name, c in (("f32", cfg), ("loop", cfg.replace(dtype="bfloat16")),
+                    ("scan", cfg.replace(dtype="bfloat16", remat="full"))):
+        value, grads = _loss_and_grads(make_model(c, seed=15), ids, mask)
+        results[name] = float(value), nnx.to_flat_state(grads)
+    (v32, g32), (v_loop, g_loop), (v_scan, g_scan) = results["f32"], results["loop"], results["scan"]
+    assert v_scan != v_loop  # bf16 really was used on both paths
+    assert abs(v_scan - v32) <= 1.5 * abs(v_loop - v32) + 2**-8 * abs(v32)
+    assert [p for p, _ in g_scan] == [p for p, _ in g_loop] == [p for p, _ in g32]
+    for (p, ref), (_, a), (_, b) in zip(g32, g_loop, g_scan):
+        ref, a, b = (np.asarray(x.get_value()) for x in (ref, a, b))
+        assert a.dtype == b.dtype == np.float32, p
+        err_loop, err_scan = (np.linalg.norm(x - ref) / np.linalg.norm(ref) for x in (a, b))
+        assert err_scan <= 1.5 * err_loop + 0.01, (p, err_scan, err_loop)
+
+
+def test_remat_frees_activations_on_cpu():
+    """The property the layer scan exists for: with remat, the backward pass keeps one block's
+    activations at a time (XLA's CPU backend ignores remat between unrolled layers)."""
+    cfg = CONFIGS["llama3"].replace(hidden_size=128, intermediate_size=512, num_hidden_layers=6, head_dim=32)
+    ids = jnp.ones((2, 256), jnp.int32)
+    temp = {}
+    for remat in ("none", "full"):
+        model = Decoder(cfg.replace(remat=remat), rngs=nnx.Rngs(0))
+        graphdef, params = nnx.split(model, nnx.Param)
+
+        def loss(p):
+            hidden, _ = nnx.merge(graphdef, p)(ids, positions_from_mask(ids), ids)
+            return jnp.sum(hidden.astype(jnp.float32) ** 2)
+
+        temp[remat] = jax.jit(jax.grad(loss)).lower(params).compile().memory_analysis().temp_size_in_bytes
+    assert temp["full"] < 0.5 * temp["none"], temp

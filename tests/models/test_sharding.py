@@ -74,9 +74,10 @@ def test_unknown_parameter_is_an_error_naming_it():
         partition_spec(("layers", 0, "mlp", "extra_proj", "kernel"))
 
 
+@pytest.mark.parametrize("remat", ["none", "full"])  # full: the blocks run as a lax.scan over stacked weights
 @pytest.mark.parametrize("shape", MESHES, ids=lambda s: "x".join(f"{k}{v}" for k, v in s.items()))
-def test_sharded_model_matches_one_device(shape):
-    model = Decoder(CFG, rngs=nnx.Rngs(0))
+def test_sharded_model_matches_one_device(shape, remat):
+    model = Decoder(CFG.replace(remat=remat), rngs=nnx.Rngs(0))
     ids, pos, mask = batch()
     want = np.asarray(forward(model, ids, pos, mask))
 
