@@ -196,6 +196,7 @@ def _stacked_layers(layers, dtype) -> tuple[nnx.GraphDef, nnx.State]:
     bytes; norm weights and LoRA factors keep their dtype. The gradient flows back through the stack
     and the casts to every block's own parameters."""
     graphdef = nnx.graphdef(layers[0])
+
     def cast(path, x):
         name = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)][-1]
         return x.astype(dtype) if name in ("kernel", "bias") else x
@@ -259,8 +260,8 @@ class Decoder(nnx.Module):
         return hidden, cache
 
     def _scan_layers(self, x, positions, allowed, inv_freq):
-        """The blocks without a KV cache (training, log-probs, prefill-free forward) as one `lax.scan`
-        over their stacked weights, with `config.remat` applied to the scan body.
+        """The blocks without a KV cache (training, log-probs, the critic) as one `lax.scan` over their
+        stacked weights, with `config.remat` applied to the scan body.
 
         Same arithmetic as calling the blocks one by one. The reason is memory: XLA's CPU scheduler
         drops remat's ordering between unrolled layers (a checkpointed 24-layer stack keeps every
