@@ -87,13 +87,10 @@ def make_critic_step(graphdef, tx: optax.GradientTransformation, schedule: optax
 
         zeros = (jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
         (gsum, loss_sum, den), metrics = jax.lax.scan(accumulate, zeros, mini)
-        safe_den = jnp.maximum(den, 1e-8)  # Σ∇loss_sum / Σden: the exact token mean
-        grads = jax.tree.map(lambda g: g / safe_den.astype(g.dtype), gsum)
-        grad_norm = optax.tree.norm(grads)
-        params, opt_state, finite = finite_update(
-            tx, grads, opt_state, params, finite=jnp.isfinite(grad_norm) & jnp.isfinite(loss_sum), when=den > 0)
-        apply = finite & (den > 0)
-        out = {"loss": loss_sum / safe_den, "grad_norm": grad_norm, "learning_rate": schedule(step),
+        # Σ∇loss_sum / Σden: the exact token mean
+        params, opt_state, grad_norm, finite, apply = finite_update(tx, gsum, den, opt_state, params,
+                                                                    finite=jnp.isfinite(loss_sum))
+        out = {"loss": loss_sum / jnp.maximum(den, 1e-8), "grad_norm": grad_norm, "learning_rate": schedule(step),
                "update_applied": apply.astype(jnp.float32), "nonfinite_updates": (~finite).astype(jnp.float32),
                "pairs": combine_stacked(metrics)}
         carry = (params, opt_state, step + 1, skipped + (~finite).astype(jnp.int32))

@@ -212,30 +212,8 @@ def test_bf16_compute_close_to_fp32(param_dtype):
     assert err.max() > 0  # bf16 really was used
 
 
-def test_remat_full_gives_identical_values_and_gradients():
-    cfg = CONFIGS["llama3"]
-    ids, mask = left_padded(seed=12)
-    targets = jnp.roll(ids, -1, axis=1)
-
-    def loss(m):
-        logp = jax.nn.log_softmax(full_logits(m, ids, mask))
-        picked = jnp.take_along_axis(logp, targets[..., None], -1)[..., 0]
-        return -jnp.sum(picked * mask) / mask.sum()
-
-    results = {}
-    for remat in ("none", "full", "dots_saveable"):
-        model = make_model(cfg.replace(remat=remat), seed=13)
-        results[remat] = nnx.jit(nnx.value_and_grad(loss))(model)
-    (v0, g0) = results["none"]
-    for remat in ("full", "dots_saveable"):
-        v, g = results[remat]
-        np.testing.assert_allclose(float(v), float(v0), rtol=1e-6)
-        for (p, a), (_, b) in zip(nnx.to_flat_state(g0), nnx.to_flat_state(g)):
-            np.testing.assert_allclose(np.asarray(b.get_value()), np.asarray(a.get_value()), atol=1e-6, err_msg=f"{remat} {p}")
-    assert np.abs(np.asarray(g0["lm_head"]["kernel"].get_value())).max() > 0
-
-
 def _loss_and_grads(model, ids, mask):
+    """Mean next-token NLL over real positions and its gradient (jitted)."""
     targets = jnp.roll(ids, -1, axis=1)
 
     def loss(m):
@@ -244,6 +222,21 @@ def _loss_and_grads(model, ids, mask):
         return -jnp.sum(picked * mask) / mask.sum()
 
     return nnx.jit(nnx.value_and_grad(loss))(model)
+
+
+def test_remat_full_gives_identical_values_and_gradients():
+    cfg = CONFIGS["llama3"]
+    ids, mask = left_padded(seed=12)
+    results = {}
+    for remat in ("none", "full", "dots_saveable"):
+        results[remat] = _loss_and_grads(make_model(cfg.replace(remat=remat), seed=13), ids, mask)
+    (v0, g0) = results["none"]
+    for remat in ("full", "dots_saveable"):
+        v, g = results[remat]
+        np.testing.assert_allclose(float(v), float(v0), rtol=1e-6)
+        for (p, a), (_, b) in zip(nnx.to_flat_state(g0), nnx.to_flat_state(g)):
+            np.testing.assert_allclose(np.asarray(b.get_value()), np.asarray(a.get_value()), atol=1e-6, err_msg=f"{remat} {p}")
+    assert np.abs(np.asarray(g0["lm_head"]["kernel"].get_value())).max() > 0
 
 
 def _with_lora(model):
