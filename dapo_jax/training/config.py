@@ -121,7 +121,9 @@ class OptimSection(_Section):
     # Padding-free policy update (training/packed_step.py): the real tokens of every (prompt, response)
     # packed end to end into chunks of packing_rows x (max_prompt_length + max_new_tokens); same result.
     packing: bool = False
-    packing_rows: int | None = Field(default=None, gt=0)  # None = one micro-batch's responses, P/(n*m)*G
+    # responses per chunk; None = half a micro-batch's, >= G, a multiple of data*fsdp
+    # (packed_step.default_chunk_rows)
+    packing_rows: int | None = Field(default=None, gt=0)
 
 
 class LoRASection(_Section):

@@ -144,7 +144,7 @@ def train(cfg: RunConfig) -> dict:
     from dapo_jax.objectives.loss import compute_advantages, dynamic_sampling_keep, shape_rewards, token_kl
     from dapo_jax.objectives.process import StepRewards
     from dapo_jax.rewards.steps import make_step_scorer
-    from dapo_jax.parallel.mesh import batch_sharding
+    from dapo_jax.parallel.mesh import batch_divisor, batch_sharding
     from dapo_jax.parallel.process_data import ProcessShare, start_processes
     from dapo_jax.sampling.sampler import make_generate
 
@@ -181,7 +181,8 @@ def train(cfg: RunConfig) -> dict:
                                       cfg.train.eval_k)
         logprob_fn = make_logprob_fn(graphdef, temperature=scfg.logprob_temperature)
         packed = {} if not o.packing else {  # the padding-free update (training/packed_step.py)
-            "chunk_rows": o.packing_rows, "put": lambda x: to_global(x, batch_sharding(mesh))}
+            "chunk_rows": o.packing_rows, "row_multiple": batch_divisor(mesh),
+            "put": lambda x: to_global(x, batch_sharding(mesh))}
         train_step = (make_packed_train_step if o.packing else make_train_step)(
             graphdef, tx, schedule, objective=objective, num_minibatches=o.num_minibatches,
             micro_batches=o.micro_batches, temperature=scfg.logprob_temperature,

@@ -55,13 +55,14 @@ def make_packed_train_step(
     graphdef, tx, schedule, *, objective, num_minibatches: int = 1, micro_batches: int = 1,
     temperature: float = 1.0, use_ref: bool = False, loss_terms: Callable | None = None,
     chunk_rows: int | None = None, row_length: int | None = None, put: Callable | None = None,
+    row_multiple: int = 1,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
     """`step(state, batch) -> (state, metrics)` equal to `make_train_step`'s (to float tolerance).
 
-    chunk_rows: rows R of a packed chunk (default: a micro-batch's responses, P/(n·m)·G, so a chunk
-      takes the memory of one unpacked micro-batch); row_length: L (default S + T, so any sequence fits).
+    chunk_rows: rows R of a packed chunk (default `default_chunk_rows`: half a micro-batch's responses,
+      so a mini-batch of short responses takes one or two half-size chunks, not one full one); row_length: L (default S + T, so any sequence fits).
     put: host array -> device array for the chunks (default `jnp.asarray`; the trainer lays them out
-      over the mesh's batch devices, so R must be a multiple of their count).
+      over the mesh's batch devices, so R must be a multiple of their count, `row_multiple`).
     """
     if loss_terms is None:
         from dapo_jax.objectives.loss import objective_terms as loss_terms
@@ -138,7 +139,7 @@ def make_packed_train_step(
 
         host = to_host((batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask))
         p, g, t = host[2].shape
-        rows = chunk_rows or p // (num_minibatches * micro_batches) * g
+        rows = chunk_rows or default_chunk_rows(p // (num_minibatches * micro_batches) * g, g, row_multiple)
         length = row_length or host[0].shape[1] + t
         carry, outs = (state.params, state.opt_state, state.step, state.skipped), []
         for idx in minibatch_prompts(p, num_minibatches, micro_batches):
@@ -158,8 +159,20 @@ def make_packed_train_step(
         params, opt_state, stp, skipped = carry
         return TrainState(params, opt_state, stp, skipped), finish(outs, skipped)
 
-    step.packing_stats = lambda batch: packing_stats(batch, num_minibatches, micro_batches, chunk_rows, row_length)
+    step.packing_stats = lambda batch: packing_stats(batch, num_minibatches, micro_batches, chunk_rows, row_length,
+                                                     row_multiple)
     return step
+
+
+def default_chunk_rows(micro_batch_rows: int, group_size: int, multiple: int = 1) -> int:
+    """Rows of a packed chunk when none is set: half a micro-batch's responses, at least G (a chunk holds
+    whole groups: G sequences of at most L tokens fit in G rows), rounded up to a multiple of the batch
+    devices and at most the micro-batch. A chunk as large as the micro-batch computes as many positions
+    as the unpacked update however short the responses (one chunk); smaller chunks cut the padding
+    left in the last one but fit whole groups less tightly: on the cot_dapo update a quarter computed
+    15,360 positions against a half's 12,288 (docs/benchmarks.md, "Padding-free update")."""
+    rows = max(group_size, -(-micro_batch_rows // 2))
+    return min(micro_batch_rows, -(-rows // multiple) * multiple)
 
 
 def _identity(name: str):
@@ -173,12 +186,13 @@ def _empty_chunk(rows: int, length: int, shape) -> tuple:
     return (z, z, z, z, np.zeros(shape, np.int32), np.zeros(shape, bool), np.zeros(shape[0], bool))
 
 
-def packing_stats(batch, num_minibatches: int, micro_batches: int, chunk_rows=None, row_length=None) -> dict:
+def packing_stats(batch, num_minibatches: int, micro_batches: int, chunk_rows=None, row_length=None,
+                  row_multiple: int = 1) -> dict:
     """Host-side counts: real tokens, the positions the unpacked and the packed update compute, chunks."""
     pids, pmask, rids, rmask = (np.asarray(x) for x in (batch.prompt_ids, batch.prompt_mask, batch.response_ids,
                                                           batch.response_mask))
     p, g, t = rids.shape
-    rows = chunk_rows or p // (num_minibatches * micro_batches) * g
+    rows = chunk_rows or default_chunk_rows(p // (num_minibatches * micro_batches) * g, g, row_multiple)
     length = row_length or pids.shape[1] + t
     chunks = sum(len(pack_groups(pids[i], pmask[i], rids[i], rmask[i], rows=rows, length=length))
                  for i in minibatch_prompts(p, num_minibatches, micro_batches))

@@ -13,7 +13,7 @@ from dapo_jax.models.config import ModelConfig
 from dapo_jax.models.decoder import Decoder
 from dapo_jax.objectives.registry import load_objective
 from dapo_jax.training.metrics import compile_count
-from dapo_jax.training.packed_step import make_packed_train_step, packed_logprobs
+from dapo_jax.training.packed_step import default_chunk_rows, make_packed_train_step, packed_logprobs
 from dapo_jax.training.train_step import Batch, init_train_state, make_train_step
 
 P, G, S, T, V = 4, 3, 5, 6, 32
@@ -62,12 +62,12 @@ def _fields(objective, batch):
                           nll_weight=batch.nll_weight if objective.nll_coef > 0 else None)
 
 
-CASES = [  # (recipe, overrides, num_minibatches, micro_batches, chunk rows: None = a micro-batch's)
+CASES = [  # (recipe, overrides, num_minibatches, micro_batches, chunk rows: None = default_chunk_rows)
     ("dapo", {}, 2, 1, G),
     ("grpo", {}, 1, 2, None),  # KL (k3) in the loss, seq-mean-token-mean
     ("dr_grpo", {"max_response_length": T}, 1, 1, G),  # constant normaliser
     ("gspo", {}, 1, 2, G),  # sequence-level ratio, seq-mean-token-mean
-    ("cispo", {"nll_coef": 0.1}, 2, 1, None),  # with VAPO's NLL term on nll_weight
+    ("cispo", {"nll_coef": 0.1}, 2, 1, 2 * G),  # with VAPO's NLL term on nll_weight; one chunk per mini-batch
     # batch-level entropy statistics (high-entropy quantile, EDGE-GRPO's normaliser), an entropy bonus,
     # a sequence-level off-policy mask on behaviour_logp
     ("edge_grpo", {"high_entropy_quantile": 0.5, "entropy_coef": 0.01, "off_policy_correction": "seq_mask",
@@ -91,6 +91,30 @@ def test_packed_update_equals_unpacked(name, overrides, n, m, rows):
     assert int(state_p.step) == int(state_u.step) == n
     if rows == G:  # the small chunks really split each mini-batch
         assert packed.packing_stats(batch)["chunks"] > n
+
+
+@pytest.mark.parametrize("mb_rows,g,multiple,want", [
+    (64, 8, 1, 32),  # half the micro-batch
+    (64, 8, 3, 33),  # rounded up to the batch devices
+    (64, 48, 1, 48),  # never fewer rows than a group
+    (12, 10, 4, 12),  # G rounded up to the devices, within the micro-batch (which they divide)
+    (6, 3, 1, 3),
+    (130, 2, 1, 65),
+    (9, 3, 1, 5),
+])
+def test_default_chunk_rows(mb_rows, g, multiple, want):
+    assert default_chunk_rows(mb_rows, g, multiple) == want
+
+
+def test_default_chunks_are_smaller_than_a_micro_batch():
+    """With no chunk_rows a mini-batch of short responses (33 real tokens of 132 positions) takes one
+    half-size chunk, not one micro-batch-sized chunk (which would compute as much as unpacked)."""
+    objective = load_objective("dapo")
+    batch = _fields(objective, make_batch(4, max_len=1))
+    *_, packed = _steps(objective, 1, 1, None)
+    stats = packed.packing_stats(batch)
+    assert stats["real_tokens"] == 33 and stats["unpacked_positions"] == P * G * (S + T) == 132, stats
+    assert stats["chunks"] == 1 and stats["packed_positions"] == 66, stats
 
 
 def test_segments_attend_only_within_themselves():
