@@ -130,6 +130,7 @@ class Attention(nnx.Module):
         """`allowed`: [B, S, K] bool; `layer_cache`: None or (k [B,S_max,Hkv,D], v, start)."""
         cfg = self.cfg
         b, s, _ = x.shape
+        x = x.reshape(b * s, -1)  # tokens on one axis: see MLP.__call__
         q = self.q_proj(x).reshape(b, s, cfg.num_attention_heads, cfg.head_dim)
         k = self.k_proj(x).reshape(b, s, cfg.num_key_value_heads, cfg.head_dim)
         v = self.v_proj(x).reshape(b, s, cfg.num_key_value_heads, cfg.head_dim)
@@ -147,8 +148,8 @@ class Attention(nnx.Module):
         scores = scores / math.sqrt(cfg.head_dim)
         scores = jnp.where(allowed[:, None, None], scores, _NEG_INF)
         probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        out = jnp.einsum("bgrsk,bkgd->bsgrd", probs, v).reshape(b, s, -1)
-        return self.o_proj(out), new_kv
+        out = jnp.einsum("bgrsk,bkgd->bsgrd", probs, v).reshape(b * s, -1)
+        return self.o_proj(out).reshape(b, s, -1), new_kv
 
 
 class MLP(nnx.Module):
@@ -158,7 +159,11 @@ class MLP(nnx.Module):
         self.down_proj = _linear(cfg, cfg.intermediate_size, cfg.hidden_size, False, rngs)
 
     def __call__(self, x):
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        """The projections see `[B·S, d]`, not `[B, S, d]`: a weight gradient then contracts one token
+        axis, which XLA's CPU dot takes as is; over two (B and S) XLA first writes transposed copies of
+        the activations, a fifth of a training step's time (docs/benchmarks.md, "Tokens on one axis")."""
+        t = x.reshape(-1, x.shape[-1])
+        return self.down_proj(jax.nn.silu(self.gate_proj(t)) * self.up_proj(t)).reshape(x.shape)
 
 
 class Block(nnx.Module):
