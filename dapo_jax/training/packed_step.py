@@ -92,7 +92,7 @@ def make_packed_train_step(
 
     grad_fn = jax.value_and_grad(chunk_loss, has_aux=True)
 
-    @jax.jit
+    @_pinned_jit(layout=_accumulator_layout)
     def accumulate(params, acc, mini, chunk, stats, frozen):
         (loss_sum, (den, metrics, extra)), grads = grad_fn(params, mini, chunk, stats, frozen)
         gsum, lsum, dsum, esum, msum = acc
@@ -130,7 +130,8 @@ def make_packed_train_step(
 
     select = jax.jit(lambda batch, idx: jax.tree.map(lambda x: jnp.take(x, idx, axis=0), batch))
     # the carry (parameters, moments) is donated: the update is written over it, in place
-    apply = jax.jit(lambda carry, acc: apply_accumulated(tx, schedule, carry, *acc), donate_argnums=0)
+    apply = _pinned_jit(lambda carry, acc: apply_accumulated(tx, schedule, carry, *acc),
+                        layout=lambda carry, acc: _shardings(carry), part=0, donate_argnums=0)
     finish = jax.jit(lambda outs, skipped: step_metrics(jax.tree.map(lambda *x: jnp.stack(x), *outs), skipped))
 
     def step(state: TrainState, batch: Batch, frozen=None):
@@ -173,6 +174,51 @@ def default_chunk_rows(micro_batch_rows: int, group_size: int, multiple: int = 1
     15,360 positions against a half's 12,288 (docs/benchmarks.md, "Padding-free update")."""
     rows = max(group_size, -(-micro_batch_rows // 2))
     return min(micro_batch_rows, -(-rows // multiple) * multiple)
+
+
+def _pinned_jit(fn=None, *, layout: Callable, part: int | None = None, donate_argnums=()):
+    """`jax.jit(fn)` whose result (or `result[part]`) takes the shardings `layout(*args)` gives at the
+    first call.
+
+    Its result is fed back to it: the accumulator to the next chunk, the parameters and moments to the
+    next mini-batch. On a mesh XLA may give a result another, equivalent sharding than the argument had
+    (`P('fsdp')` for `P('fsdp', 'tensor')` with tensor = 1), and the next call would compile again.
+    Without a mesh nothing is pinned (a pinned result would be committed to its device where the
+    first call's arguments were not, and that too would compile again)."""
+    if fn is None:
+        return lambda f: _pinned_jit(f, layout=layout, part=part, donate_argnums=donate_argnums)
+    built = []
+
+    def call(*args):
+        if not built:
+            shardings = layout(*args)
+            if not any(isinstance(x, jax.sharding.NamedSharding) for x in jax.tree.leaves(shardings)):
+                built.append(jax.jit(fn, donate_argnums=donate_argnums))  # one device: nothing to pin
+                return built[0](*args)
+
+            def pinned(*a):
+                out = fn(*a)
+                if part is None:
+                    return jax.lax.with_sharding_constraint(out, shardings)
+                return tuple(jax.lax.with_sharding_constraint(o, shardings) if i == part else o
+                             for i, o in enumerate(out))
+
+            built.append(jax.jit(pinned, donate_argnums=donate_argnums))
+        return built[0](*args)
+
+    return call
+
+
+def _shardings(tree):
+    return jax.tree.map(lambda x: x.sharding, tree)
+
+
+def _accumulator_layout(params, acc, *_):
+    """The gradient sum laid out as the parameters, every other leaf (sums, metrics) replicated on their mesh."""
+    first = jax.tree.leaves(params)[0].sharding
+    rep = (jax.sharding.NamedSharding(first.mesh, jax.sharding.PartitionSpec())
+           if isinstance(first, jax.sharding.NamedSharding) else first)
+    return (_shardings(params),) + tuple(jax.tree.map(lambda _: rep, a) for a in acc[1:])
 
 
 def _identity(name: str):

@@ -1,5 +1,6 @@
 """The packed (padding-free) update equals the unpacked one: loss, gradient, new params, metrics."""
 
+import json
 from pathlib import Path
 
 import jax
@@ -168,16 +169,23 @@ def test_no_recompilation_when_lengths_change():
 
 
 @pytest.mark.slow
-def test_training_with_packing_runs_and_compiles_once(tmp_path):
+@pytest.mark.parametrize("mesh", [[], ["mesh.data=2", "mesh.fsdp=2"]], ids=["one-device", "data2-fsdp2"])
+def test_training_with_packing_runs_and_compiles_once(tmp_path, mesh):
+    """The loop's packed update with the default chunk rows, also laid out over 4 batch devices
+    (the chunk rows a multiple of data x fsdp)."""
     from dapo_jax.training.config import load_config
     from dapo_jax.training.loop import train
     from dapo_jax.training.metrics import read_metrics
 
     cfg = load_config(ROOT / "configs" / "tiny_dapo.yaml", [
-        "optim.packing=true", "train.steps=2", "train.eval_every=0", "train.eval_k=1", "data.eval_size=4",
+        "optim.packing=true", "train.steps=3", "train.eval_every=0", "train.eval_k=1", "data.eval_size=4",
         "train.checkpoint_every=0", "train.progress=false", "train.tensorboard=false",
-        f"train.run_dir={tmp_path / 'run'}"])
+        f"train.run_dir={tmp_path / 'run'}", *mesh])
     train(cfg)
     steps = [r for r in read_metrics(tmp_path / "run") if "loss" in r]
-    assert len(steps) == 2 and all(np.isfinite(r["loss"]) and r["update_tokens"] > 0 for r in steps)
-    assert steps[1]["compilations"] == steps[0]["compilations"]
+    assert len(steps) == 3 and all(np.isfinite(r["loss"]) and r["update_tokens"] > 0 for r in steps)
+    # the training rows as written (read_metrics merges the final evaluation's row, whose count also
+    # holds the end-of-run checkpoint's per-shard copies, into the last step)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    counts = [r["compilations"] for r in rows if "loss" in r]
+    assert len(counts) == 3 and counts[2] == counts[1] == counts[0], counts
