@@ -29,7 +29,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--max-len", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--rows", type=int, default=None, help="optim.packing_rows (default: the trainer's, default_chunk_rows: 16)")
+    ap.add_argument("--rows", type=int, default=None,
+                    help="optim.packing_rows (default: the trainer's default_chunk_rows, 32 here)")
     a = ap.parse_args()
     P, G, S, T = 16, 8, 48, 144
     model = load_pretrained(ROOT / "dapo_jax/assets/cot_base", param_dtype="float32", dtype="float32")
@@ -52,7 +53,8 @@ def main():
              "packed": make_packed_train_step(graphdef, tx, schedule, chunk_rows=a.rows, **kw)}
     st = packing_stats(batch, 2, 1, a.rows)
     print(f"real tokens {st['real_tokens']}, unpacked positions {st['unpacked_positions']}, packed positions "
-          f"{st['packed_positions']} ({st['chunks']} chunks of {a.rows or default_chunk_rows(P // 2 * G, G)} x {S + T} vs "
+          f"{st['packed_positions']} ({st['chunks']} chunks of {a.rows or default_chunk_rows(P // 2 * G, G)} x "
+          f"{S + T} vs "
           f"{st['unpacked_chunks']} unpacked), mean response {rlen.mean():.1f} of {T}")
     for name, step in steps.items():
         state = init_train_state(jax.tree.map(jnp.copy, params), tx)

@@ -29,9 +29,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from dapo_jax.data.packing import pack_groups
 from dapo_jax.objectives.diagnostics import combine_metrics
+from dapo_jax.parallel.mesh import jit_keeping_layout
 from dapo_jax.training.train_step import Batch, TrainState, _joined, apply_accumulated, policy_logprobs, step_metrics
 
 
@@ -60,7 +62,8 @@ def make_packed_train_step(
     """`step(state, batch) -> (state, metrics)` equal to `make_train_step`'s (to float tolerance).
 
     chunk_rows: rows R of a packed chunk (default `default_chunk_rows`: half a micro-batch's responses,
-      so a mini-batch of short responses takes one or two half-size chunks, not one full one); row_length: L (default S + T, so any sequence fits).
+      so a mini-batch of short responses takes one or two half-size chunks, not one full one);
+    row_length: L (default S + T, so any sequence fits).
     put: host array -> device array for the chunks (default `jnp.asarray`; the trainer lays them out
       over the mesh's batch devices, so R must be a multiple of their count, `row_multiple`).
     """
@@ -92,12 +95,15 @@ def make_packed_train_step(
 
     grad_fn = jax.value_and_grad(chunk_loss, has_aux=True)
 
-    @_pinned_jit(layout=_accumulator_layout)
-    def accumulate(params, acc, mini, chunk, stats, frozen):
+    def add_chunk(acc, params, mini, chunk, stats, frozen):
         (loss_sum, (den, metrics, extra)), grads = grad_fn(params, mini, chunk, stats, frozen)
         gsum, lsum, dsum, esum, msum = acc
         add = lambda a, b: jax.tree.map(jnp.add, a, b)  # noqa: E731
-        return add(gsum, grads), lsum + loss_sum, dsum + den, add(esum, extra), combine_metrics([msum, metrics])
+        return (add(gsum, grads), lsum + loss_sum, dsum + den, add(esum, extra), combine_metrics([msum, metrics])), None
+
+    # the accumulator is fed back chunk after chunk (and donated: added to in place); it keeps the layout
+    # zero_acc gave it, so no chunk compiles again on a mesh
+    accumulate = jit_keeping_layout(add_chunk, donate_argnums=0)
 
     @jax.jit
     def start(params, mini: Batch, frozen):
@@ -118,20 +124,28 @@ def make_packed_train_step(
                 stats["entropy_norm"] = entropy_normaliser(entropy, mini.response_mask)
         return stats
 
-    metric_zeros = {}
+    zeros = []
 
     def zero_acc(params, mini, chunk, stats, frozen):
-        if not metric_zeros:  # the metrics' names, from a trace (nothing compiles)
-            shapes = jax.eval_shape(lambda *a: chunk_loss(*a)[1][1], params, mini, chunk, stats, frozen)
-            metric_zeros.update({k: _identity(k) for k in shapes})
-        zero = jnp.zeros((), jnp.float32)
-        return (jax.tree.map(jnp.zeros_like, params), zero, zero, {"entropy_sum": zero, "tokens": zero},
-                dict(metric_zeros))
+        """A zero accumulator: the gradient sum laid out as the parameters, the sums and metrics replicated
+        on their mesh (built by one jitted function, compiled once)."""
+        if not zeros:  # the metrics' names, from a trace (nothing compiles)
+            names = jax.eval_shape(lambda *a: chunk_loss(*a)[1][1], params, mini, chunk, stats, frozen)
+            first = jax.tree.leaves(params)[0].sharding
+            rep = (NamedSharding(first.mesh, PartitionSpec()) if isinstance(first, NamedSharding) else first)
+
+            def build(params):
+                zero = lambda: jnp.zeros((), jnp.float32)  # noqa: E731
+                return (jax.tree.map(jnp.zeros_like, params), zero(), zero(), {"entropy_sum": zero(), "tokens": zero()},
+                        {k: _identity(k) for k in names})
+
+            layout = (jax.tree.map(lambda x: x.sharding, params), rep, rep, rep, rep)
+            zeros.append(jax.jit(build, out_shardings=layout))
+        return zeros[0](params)
 
     select = jax.jit(lambda batch, idx: jax.tree.map(lambda x: jnp.take(x, idx, axis=0), batch))
     # the carry (parameters, moments) is donated: the update is written over it, in place
-    apply = _pinned_jit(lambda carry, acc: apply_accumulated(tx, schedule, carry, *acc),
-                        layout=lambda carry, acc: _shardings(carry), part=0, donate_argnums=0)
+    apply = jit_keeping_layout(lambda carry, acc: apply_accumulated(tx, schedule, carry, *acc), donate_argnums=0)
     finish = jax.jit(lambda outs, skipped: step_metrics(jax.tree.map(lambda *x: jnp.stack(x), *outs), skipped))
 
     def step(state: TrainState, batch: Batch, frozen=None):
@@ -139,9 +153,9 @@ def make_packed_train_step(
         from dapo_jax.parallel.host import to_host
 
         host = to_host((batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask))
-        p, g, t = host[2].shape
-        rows = chunk_rows or default_chunk_rows(p // (num_minibatches * micro_batches) * g, g, row_multiple)
-        length = row_length or host[0].shape[1] + t
+        p = host[2].shape[0]
+        rows, length = _chunk_shape(host[0].shape[1], host[2].shape, num_minibatches * micro_batches, chunk_rows,
+                                    row_length, row_multiple)
         carry, outs = (state.params, state.opt_state, state.step, state.skipped), []
         for idx in minibatch_prompts(p, num_minibatches, micro_batches):
             mini = select(batch, put(idx.astype(np.int32)))
@@ -151,7 +165,7 @@ def make_packed_train_step(
             for chunk in chunks:
                 chunk = tuple(put(x) for x in chunk)
                 acc = acc if acc is not None else zero_acc(carry[0], mini, chunk, stats, frozen)
-                acc = accumulate(carry[0], acc, mini, chunk, stats, frozen)
+                acc, _ = accumulate(acc, carry[0], mini, chunk, stats, frozen)
             if acc is None:  # nothing to train on in this mini-batch: no update, as unpacked
                 acc = zero_acc(carry[0], mini, tuple(put(x) for x in _empty_chunk(rows, length, host[2][idx].shape)),
                                stats, frozen)
@@ -176,55 +190,18 @@ def default_chunk_rows(micro_batch_rows: int, group_size: int, multiple: int = 1
     return min(micro_batch_rows, -(-rows // multiple) * multiple)
 
 
-def _pinned_jit(fn=None, *, layout: Callable, part: int | None = None, donate_argnums=()):
-    """`jax.jit(fn)` whose result (or `result[part]`) takes the shardings `layout(*args)` gives at the
-    first call.
-
-    Its result is fed back to it: the accumulator to the next chunk, the parameters and moments to the
-    next mini-batch. On a mesh XLA may give a result another, equivalent sharding than the argument had
-    (`P('fsdp')` for `P('fsdp', 'tensor')` with tensor = 1), and the next call would compile again.
-    Without a mesh nothing is pinned (a pinned result would be committed to its device where the
-    first call's arguments were not, and that too would compile again)."""
-    if fn is None:
-        return lambda f: _pinned_jit(f, layout=layout, part=part, donate_argnums=donate_argnums)
-    built = []
-
-    def call(*args):
-        if not built:
-            shardings = layout(*args)
-            if not any(isinstance(x, jax.sharding.NamedSharding) for x in jax.tree.leaves(shardings)):
-                built.append(jax.jit(fn, donate_argnums=donate_argnums))  # one device: nothing to pin
-                return built[0](*args)
-
-            def pinned(*a):
-                out = fn(*a)
-                if part is None:
-                    return jax.lax.with_sharding_constraint(out, shardings)
-                return tuple(jax.lax.with_sharding_constraint(o, shardings) if i == part else o
-                             for i, o in enumerate(out))
-
-            built.append(jax.jit(pinned, donate_argnums=donate_argnums))
-        return built[0](*args)
-
-    return call
-
-
-def _shardings(tree):
-    return jax.tree.map(lambda x: x.sharding, tree)
-
-
-def _accumulator_layout(params, acc, *_):
-    """The gradient sum laid out as the parameters, every other leaf (sums, metrics) replicated on their mesh."""
-    first = jax.tree.leaves(params)[0].sharding
-    rep = (jax.sharding.NamedSharding(first.mesh, jax.sharding.PartitionSpec())
-           if isinstance(first, jax.sharding.NamedSharding) else first)
-    return (_shardings(params),) + tuple(jax.tree.map(lambda _: rep, a) for a in acc[1:])
+def _chunk_shape(prompt_len: int, response_shape, parts: int, rows: int | None, length: int | None,
+                 multiple: int) -> tuple[int, int]:
+    """(R, L) of the packed chunks: the given ones, else `default_chunk_rows` of a micro-batch (`parts` =
+    num_minibatches x micro_batches of them) and S + T."""
+    p, g, t = response_shape
+    return rows or default_chunk_rows(p // parts * g, g, multiple), length or prompt_len + t
 
 
 def _identity(name: str):
     """The neutral (value, count) pair of a metric for `combine_metrics` (sum, _min, _max)."""
     v = np.inf if name.endswith("_min") else -np.inf if name.endswith("_max") else 0.0
-    return jnp.asarray(v, jnp.float32), jnp.zeros((), jnp.float32)
+    return jnp.full((), v, jnp.float32), jnp.zeros((), jnp.float32)
 
 
 def _empty_chunk(rows: int, length: int, shape) -> tuple:
@@ -238,8 +215,8 @@ def packing_stats(batch, num_minibatches: int, micro_batches: int, chunk_rows=No
     pids, pmask, rids, rmask = (np.asarray(x) for x in (batch.prompt_ids, batch.prompt_mask, batch.response_ids,
                                                           batch.response_mask))
     p, g, t = rids.shape
-    rows = chunk_rows or default_chunk_rows(p // (num_minibatches * micro_batches) * g, g, row_multiple)
-    length = row_length or pids.shape[1] + t
+    rows, length = _chunk_shape(pids.shape[1], rids.shape, num_minibatches * micro_batches, chunk_rows, row_length,
+                                row_multiple)
     chunks = sum(len(pack_groups(pids[i], pmask[i], rids[i], rmask[i], rows=rows, length=length))
                  for i in minibatch_prompts(p, num_minibatches, micro_batches))
     seq = (rmask > 0).sum(-1)
