@@ -10,7 +10,8 @@ function with:
 - the response slots in blocks (`ResponseCache`, `[P, H_kv, G, ...]`): the rollout fills one block
   per `while_loop`, attending to the finished blocks (`past`, loop-invariant) and to the filled
   part of its own, so a step reads about 5/8 of the response slots, not all `T`;
-- one array per layer, written with a single `dynamic_update_slice` per step (aliased in place);
+- one array per layer, written with a single `dynamic_update_slice` per step (aliased in place; one
+  per prompt when each prompt is at its own step, `slot [P]`);
 - head-major layouts, keys `[..., D, slots]` and values `[..., slots, D]`, so `q·K` and `p·V` are
   plain batched matmuls (with keys `[.., S, D]` the CPU dot is 2-3x slower);
 - `[q|k|v]` and `[gate|up]` kernels concatenated once per rollout (`fuse_layers`), and the RoPE
@@ -130,7 +131,8 @@ def decode_step(
       block: the response slots being filled; the new key/value goes to `slot`.
       tokens: `[B]` int token ids, `B = P*G`.
       positions: `[B]` int RoPE positions of those tokens.
-      slot: int32 scalar, the same for every row.
+      slot: int32 scalar, the same for every row, or `[P]`, one per prompt (continuous batching:
+        each prompt's `G` rows are at their own step).
 
     Returns:
       `(logits [B, V] float32, block)` with the new keys/values written at `slot`.
@@ -146,7 +148,10 @@ def decode_step(
     dtype = jnp.dtype(cfg.dtype)
     n_q, n_kv = cfg.num_attention_heads * d, h_kv * d
     prompt_visible = prompt.mask[:, None, None, None, :]  # [P, 1, 1, 1, S]
-    block_visible = jnp.arange(block.k[0].shape[-1]) <= slot  # [n]
+    slot = jnp.asarray(slot, jnp.int32)
+    block_visible = jnp.arange(block.k[0].shape[-1]) <= slot[..., None]  # [n], or [P, n] per prompt
+    if slot.ndim:
+        block_visible = block_visible[:, None, None, None, :]  # [P, 1, 1, 1, n]
     # RoPE angles once per step (every layer shares them); same float32 math as `apply_rope`
     freqs = positions[:, None].astype(jnp.float32) * rope_inv_freq(cfg)  # [B, D/2]
     emb = jnp.concatenate([freqs, freqs], axis=-1)[:, None, :]  # [B, 1, D]
@@ -175,8 +180,8 @@ def decode_step(
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = rope(q), rope(k)
         # one slot: a column of the block's keys, a row of its values
-        bk = jax.lax.dynamic_update_slice(block.k[i], by_prompt(k)[..., None].astype(block.k[i].dtype), (0, 0, 0, 0, slot))
-        bv = jax.lax.dynamic_update_slice(block.v[i], by_prompt(v)[..., None, :].astype(block.v[i].dtype), (0, 0, 0, slot, 0))
+        bk = _write_slot(block.k[i], by_prompt(k)[..., None], slot, axis=4)
+        bv = _write_slot(block.v[i], by_prompt(v)[..., None, :], slot, axis=3)
         new_k.append(bk)
         new_v.append(bv)
         qg = by_prompt(q.reshape(b, h_kv, r, d))  # [P, H_kv, G, r, D]; head h = kv * r + i, as the decoder
@@ -197,3 +202,12 @@ def decode_step(
         x = x + layer.mlp.down_proj(jax.nn.silu(gate) * up)
     logits = model.logits(model.norm(x))
     return logits, ResponseCache(tuple(new_k), tuple(new_v))
+
+
+def _write_slot(cache: jax.Array, new: jax.Array, slot: jax.Array, *, axis: int) -> jax.Array:
+    """`cache` `[P, ...]` with `new` (size 1 along `axis`) written at `slot` (a scalar, or one per prompt)."""
+    new = new.astype(cache.dtype)
+    if not slot.ndim:
+        return jax.lax.dynamic_update_slice(cache, new, tuple(slot if a == axis else 0 for a in range(cache.ndim)))
+    at = lambda c, x, s: jax.lax.dynamic_update_slice(c, x, tuple(s if a == axis - 1 else 0 for a in range(c.ndim)))
+    return jax.vmap(at)(cache, new, slot)

@@ -89,7 +89,7 @@ class _Stage(NamedTuple):
 _OUTPUTS = ("tokens", "mask", "logp", "logq", "entropy", "done")
 
 
-def _batch_sharding(x: jax.Array) -> jax.Array:
+def shard_batch(x: jax.Array) -> jax.Array:
     """Shard dim 0 over ("data", "fsdp") when a mesh with those axes is active and divides it."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or not all(a in mesh.axis_names for a in BATCH_AXES):
@@ -101,9 +101,9 @@ def _batch_sharding(x: jax.Array) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, spec)
 
 
-def _shard_cache(cache):
+def shard_cache(cache):
     """A `PromptCache` or `ResponseCache` sharded over its prompt dimension."""
-    return jax.tree.map(_batch_sharding, cache)
+    return jax.tree.map(shard_batch, cache)
 
 
 def _block_sizes(num_slots: int) -> list[int]:
@@ -114,7 +114,7 @@ def _block_sizes(num_slots: int) -> list[int]:
     return [min(size, num_slots - start) for start in range(0, num_slots, size)]
 
 
-def _is_eos(tokens: jax.Array, eos_token_ids: tuple[int, ...]) -> jax.Array:
+def is_eos(tokens: jax.Array, eos_token_ids: tuple[int, ...]) -> jax.Array:
     if not eos_token_ids:
         return jnp.zeros(tokens.shape, bool)
     return jnp.any(tokens[..., None] == jnp.asarray(eos_token_ids, tokens.dtype), axis=-1)
@@ -141,23 +141,23 @@ def rollout_with_steps(
     p, s = prompt_ids.shape
     g, t_max = num_samples, config.max_new_tokens
     b = p * g
-    prompt_ids = _batch_sharding(prompt_ids.astype(jnp.int32))
-    prompt_mask = _batch_sharding(prompt_mask.astype(jnp.int32))
+    prompt_ids = shard_batch(prompt_ids.astype(jnp.int32))
+    prompt_mask = shard_batch(prompt_mask.astype(jnp.int32))
 
     # the model's own cached forward for the prefill (S slots), then the in-place decode layout
     positions = positions_from_mask(prompt_mask)
     hidden, cache = model(prompt_ids, positions, prompt_mask, cache=KVCache.init(model.config, p, s))
     # left padding puts every prompt's last real token in the last column
     last_logits = model.logits(hidden[:, -1])  # [P, V]
-    prompt_cache = _shard_cache(prompt_cache_from_prefill(cache))
+    prompt_cache = shard_cache(prompt_cache_from_prefill(cache))
     fused = fuse_layers(model)  # loop-invariant: concatenated once, read every step
-    logits = _batch_sharding(jnp.repeat(last_logits, g, axis=0))  # [B, V]
+    logits = shard_batch(jnp.repeat(last_logits, g, axis=0))  # [B, V]
     n_prompt = jnp.repeat(prompt_mask.sum(axis=-1), g).astype(jnp.int32)  # [B]
     # every step's randomness at once, so the loop body runs no PRNG (on CPU a threefry call is a
     # small loop of its own); greedy draws none. Row b always reads row b's uniforms, wherever
     # compaction moves it.
-    uniforms = None if config.is_greedy else _batch_sharding(jax.random.uniform(key, (b, t_max), jnp.float32))
-    stage = _Stage(jnp.arange(b, dtype=jnp.int32), prompt_cache, _batch_sharding(n_prompt), uniforms)
+    uniforms = None if config.is_greedy else shard_batch(jax.random.uniform(key, (b, t_max), jnp.float32))
+    stage = _Stage(jnp.arange(b, dtype=jnp.int32), prompt_cache, shard_batch(n_prompt), uniforms)
 
     def draw(carry: _Carry, stage: _Stage) -> _Carry:
         """Draws token t from carry.logits and records it (pad / mask 0 on finished rows)."""
@@ -170,7 +170,7 @@ def rollout_with_steps(
         lp, lq, ent = (jnp.where(live, x, 0.0) for x in (lp, lq, ent))
         col = lambda buf, v: jax.lax.dynamic_update_slice(buf, v[:, None].astype(buf.dtype), (0, t))
         return carry._replace(
-            done=carry.done | (live & _is_eos(tok, config.eos_token_ids)),
+            done=carry.done | (live & is_eos(tok, config.eos_token_ids)),
             tokens=col(carry.tokens, tok), mask=col(carry.mask, live.astype(jnp.int32)),
             logp=col(carry.logp, lp), logq=col(carry.logq, lq), entropy=col(carry.entropy, ent),
         )
@@ -188,8 +188,8 @@ def rollout_with_steps(
                 model, fused, stage.prompt, carry.blocks[:j], carry.blocks[j], prev,
                 stage.n_prompt + carry.t - 1, carry.t - 1 - start,
             )
-            blocks = (*carry.blocks[:j], _shard_cache(block), *carry.blocks[j + 1:])
-            carry = carry._replace(blocks=blocks, logits=_batch_sharding(logits))
+            blocks = (*carry.blocks[:j], shard_cache(block), *carry.blocks[j + 1:])
+            carry = carry._replace(blocks=blocks, logits=shard_batch(logits))
             return draw(carry, stage)._replace(t=carry.t + 1)
 
         return jax.lax.while_loop(cond, body, carry)
@@ -198,26 +198,26 @@ def rollout_with_steps(
         """The `size` rows to go on with (every unfinished one): a gathered copy of their state."""
         order = live_first(carry.done, size)
         rows = jnp.take(stage.rows, order)
-        take = lambda x: _batch_sharding(jnp.take(x, order, axis=0))
+        take = lambda x: shard_batch(jnp.take(x, order, axis=0))
         # one block of all T - 1 slots from here on: one decode loop per later stage, not one per block
         merged = functools.reduce(concat_response_caches, [gather_response_cache(blk, order) for blk in carry.blocks])
         carry = carry._replace(
-            blocks=(_shard_cache(merged),),
+            blocks=(shard_cache(merged),),
             **{name: take(getattr(carry, name)) for name in ("logits", *_OUTPUTS)},
         )
         stage = _Stage(
-            rows=_batch_sharding(rows), prompt=_shard_cache(gather_prompt_cache(prompt_cache, rows // g)),
+            rows=shard_batch(rows), prompt=shard_cache(gather_prompt_cache(prompt_cache, rows // g)),
             n_prompt=take(stage.n_prompt), uniforms=None if stage.uniforms is None else take(stage.uniforms),
         )
         return carry, stage
 
-    zeros_bt = lambda dtype: _batch_sharding(jnp.zeros((b, t_max), dtype))
+    zeros_bt = lambda dtype: shard_batch(jnp.zeros((b, t_max), dtype))
     sizes = _block_sizes(t_max - 1)  # tokens 0 .. T-2 are fed back (slots 0 .. T-2); the last never is
     carry = _Carry(
         t=jnp.zeros((), jnp.int32),
-        blocks=tuple(_shard_cache(empty_response_cache(prompt_cache, g, n)) for n in sizes),
+        blocks=tuple(shard_cache(empty_response_cache(prompt_cache, g, n)) for n in sizes),
         logits=logits, done=jnp.zeros((b,), bool),
-        tokens=_batch_sharding(jnp.full((b, t_max), config.pad_token_id, jnp.int32)),
+        tokens=shard_batch(jnp.full((b, t_max), config.pad_token_id, jnp.int32)),
         mask=zeros_bt(jnp.int32), logp=zeros_bt(jnp.float32), logq=zeros_bt(jnp.float32),
         entropy=zeros_bt(jnp.float32),
     )
@@ -250,7 +250,7 @@ def _write_back(out: dict | None, carry: _Carry, stage: _Stage) -> dict:
     """`out` with the stage's rows written to their places (the stage's own arrays at the first stage)."""
     if out is None:  # the first stage holds every row, in order
         return {name: getattr(carry, name) for name in _OUTPUTS}
-    return {name: _batch_sharding(out[name].at[stage.rows].set(getattr(carry, name))) for name in _OUTPUTS}
+    return {name: shard_batch(out[name].at[stage.rows].set(getattr(carry, name))) for name in _OUTPUTS}
 
 
 def make_generate(graphdef: nnx.GraphDef, config: SamplingConfig, num_samples: int, *, with_steps: bool = False):
