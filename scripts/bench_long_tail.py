@@ -1,7 +1,9 @@
-"""Generation on ragged response lengths: the sampler with and without active-row compaction.
+"""Generation on ragged response lengths: the sampler with and without active-row compaction, and
+continuous batching.
 
     python scripts/bench_long_tail.py                       # both setups below
     python scripts/bench_long_tail.py --setups geometric --new-tokens 512 --repeats 5
+    python scripts/bench_long_tail.py --stream-rounds 0     # without the continuous-batching lines
 
 Setups (each: the same prompts and keys for both samplers; the outputs are checked identical):
 - `cot`: the chain-of-thought task's base model (dapo_jax/assets/cot_base) with configs/cot_dapo.yaml's
@@ -13,6 +15,11 @@ Setups (each: the same prompts and keys for both samplers; the outputs are check
 Printed per setup: real (unpadded) tokens per second of each sampler (best of `--repeats`,
 interleaved, compile excluded), their ratio, the mean response length, the row-steps each decodes
 (rows x forwards, the padded work) and the compile times.
+
+Then, with `--stream-rounds R` (default 3): R x P prompts (the setup's P prompts, R times, other keys)
+through `generate` in R calls of P prompts (plain and compacted) against one stream of
+`sampling/continuous.py` with P slots refilled `--refill` at a time: real tokens per second of each
+(best of `--repeats`, interleaved, compile excluded) and the continuous sampler's ratio to both.
 """
 
 from __future__ import annotations
@@ -117,6 +124,56 @@ def bench(name, setup, args):
           f"| ratio {best[False] / best[True]:5.2f}x | row-steps {row[1] / row[0]:.2f} of plain "
           f"| compile s {compile_s[False]:.1f} / {compile_s[True]:.1f}", flush=True)
     print(f"{'':>10} plain s {[round(x, 3) for x in times[False]]}  compacted s {[round(x, 3) for x in times[True]]}")
+    if args.stream_rounds:
+        bench_stream(name, gens, graphdef, state, ids, mask, g, sampling, args)
+
+
+def bench_stream(name, gens, graphdef, state, ids, mask, g, sampling, args):
+    """R rounds of `generate` (plain, compacted) against one continuous stream of the same R x P prompts."""
+    import jax
+
+    from dapo_jax.sampling import SamplingConfig
+    from dapo_jax.sampling.continuous import ContinuousSampler
+
+    p, s = ids.shape
+    rounds = args.stream_rounds
+    refill = args.refill or max(1, p // 4)
+    sampler = ContinuousSampler(graphdef, SamplingConfig(**sampling), num_samples=g, slots=p, refill=refill,
+                                prompt_width=s)
+    host_ids, host_mask = np.asarray(ids), np.asarray(mask)
+
+    def stream(key) -> int:
+        served = [0]
+
+        def next_prompts(n):
+            rows = [(served[0] + j) % p for j in range(n)]
+            served[0] += n
+            return host_ids[rows], host_mask[rows], rows
+
+        return sum(int(np.asarray(c.rollout.lengths).sum())
+                   for c in sampler.stream(state, next_prompts, key, max_prompts=rounds * p))
+
+    t0 = time.perf_counter()
+    stream(jax.random.key(0))
+    compile_s = time.perf_counter() - t0
+    times = {"plain": [], "compacted": [], "continuous": []}
+    tokens = {k: 0 for k in times}
+    for i in range(args.repeats):
+        for on, label in ((False, "plain"), (True, "compacted")):
+            t0 = time.perf_counter()
+            for r in range(rounds):
+                out = jax.block_until_ready(gens[on](state, ids, mask, jax.random.key(1000 * (i + 1) + r)))
+                tokens[label] += int(np.asarray(out.lengths).sum())
+            times[label].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        tokens["continuous"] += stream(jax.random.key(i + 1))
+        times["continuous"].append(time.perf_counter() - t0)
+    rate = {k: tokens[k] / args.repeats / min(v) for k, v in times.items()}
+    print(f"{name:>10} {rounds} x {p} prompts, {p} slots refilled {refill} at a time | plain {rate['plain']:8.0f} tok/s "
+          f"| compacted {rate['compacted']:8.0f} tok/s | continuous {rate['continuous']:8.0f} tok/s "
+          f"| continuous / plain {rate['continuous'] / rate['plain']:5.2f}x, / compacted "
+          f"{rate['continuous'] / rate['compacted']:5.2f}x | first stream (compiles) {compile_s:.1f} s", flush=True)
+    print(f"{'':>10} " + "  ".join(f"{k} s {[round(x, 3) for x in v]}" for k, v in times.items()))
 
 
 def main(argv=None):
@@ -127,6 +184,8 @@ def main(argv=None):
     parser.add_argument("--prompts", type=int, default=8, help="geometric: prompts")
     parser.add_argument("--group", type=int, default=8, help="geometric: G")
     parser.add_argument("--new-tokens", type=int, default=256, help="geometric: T")
+    parser.add_argument("--stream-rounds", type=int, default=3, help="continuous batching: rounds of P prompts (0: skip)")
+    parser.add_argument("--refill", type=int, default=0, help="continuous batching: prompts per refill (0: P // 4)")
     parser.add_argument("--mean-frac", type=float, default=0.25, help="geometric: mean length / T before truncation")
     args = parser.parse_args(argv)
 

@@ -2,7 +2,7 @@
 
     sampler = ContinuousSampler(graphdef, config, num_samples=G, slots=P, refill=k, prompt_width=S)
     for done in sampler.stream(state, next_prompts, key, max_prompts=N):   # a generator
-        ...            # done.rollout: the groups that just finished ([n, G, T] NumPy); done.payloads
+        ...            # done.rollout: the next k finished groups, in admission order ([k, G, T] NumPy)
         if enough:     # e.g. dynamic sampling has kept its batch: the groups still decoding are dropped
             break
 
@@ -12,8 +12,8 @@ sampling pays that tail once per round. Here the decode batch is `P` prompt slot
 and every slot is at its own step `t[p]` (the `G` rows of a prompt start together, so they share
 it; `decode.decode_step` takes one cache slot per prompt). A `while_loop` (`advance`) decodes until
 a requested number of groups has completed (every row has emitted an EOS or `T` tokens exist); the
-host hands those groups to the caller and `admit`s the next prompts into the free slots, `refill`
-at a time: one prefill of `refill` prompts, written into the slots' prompt cache, and their token 0.
+host copies those groups out, hands them to the caller in admission order (`stream`) and `admit`s
+the next prompts into the free slots, `refill` at a time: one prefill of `refill` prompts, written into the slots' prompt cache, and their token 0.
 Both are jitted once (fixed shapes; a partial refill pads with dropped rows), so nothing recompiles
 after the first call.
 
@@ -65,7 +65,7 @@ class _Slots(NamedTuple):
 
 
 class Finished(NamedTuple):
-    """Groups that completed, in slot order."""
+    """Completed groups with consecutive serials (admission order)."""
 
     rollout: Rollout  # NumPy, [n, ...] / [n, G, T]
     payloads: list  # what `next_prompts` returned with each prompt
@@ -182,7 +182,8 @@ class ContinuousSampler:
       num_samples: G, responses per prompt.
       slots: P, prompts decoding at once (the batch is `P*G` rows).
       refill: prompts admitted together (one prefill); a slot waits until `refill` are free, or
-        until the prompts left to admit fit the free slots.
+        until the prompts left to admit fit the free slots. Groups are also handed out `refill` at
+        a time (`default_refill(slots)` is a quarter of the slots, dividing them).
       prompt_width: S, every prompt is left-padded to this many tokens.
     """
 
@@ -208,9 +209,16 @@ class ContinuousSampler:
 
     def stream(self, state, next_prompts: Callable[[int], tuple[np.ndarray, np.ndarray, list]], key: jax.Array,
                *, max_prompts: int) -> Iterator[Finished]:
-        """Yields the groups as they complete, until `max_prompts` prompts have been admitted and decoded.
+        """Yields the groups in the order their prompts were admitted, `refill` at a time, until
+        `max_prompts` prompts have been admitted and decoded (the last chunk is smaller when `refill`
+        does not divide `max_prompts`).
 
-        `next_prompts(n)` returns `(ids [n, s], mask [n, s], payloads)`, left-padded, `s <=
+        A chunk is handed out as soon as its `refill` groups have all completed, while later slots go
+        on decoding. The order is the admission order, not the order of completion, so a caller that
+        stops early (dynamic sampling with its batch full) keeps no more short responses than it would
+        have from `generate`: the groups it drops are the later prompts, whatever their lengths.
+        Every chunk but the last has the same size, so what the caller computes on a chunk compiles
+        once. `next_prompts(n)` returns `(ids [n, s], mask [n, s], payloads)`, left-padded, `s <=
         prompt_width`; it is called only for prompts about to be admitted. Closing the generator
         (a `break` in the caller's loop) drops the groups still decoding.
         """
@@ -218,7 +226,8 @@ class ContinuousSampler:
         st = self._empty(state)
         occupied = np.zeros(p, bool)
         held: list[Any] = [None] * p  # (prompt ids, mask, payload, serial) of each occupied slot
-        admitted = 0
+        ready: dict[int, tuple] = {}  # serial -> completed group (host copy), not yet handed out
+        admitted = handed = 0  # prompts admitted; groups handed out (serials < handed)
         while True:
             free = np.flatnonzero(~occupied)
             while admitted < max_prompts and free.size and (free.size >= k or max_prompts - admitted <= free.size):
@@ -236,14 +245,22 @@ class ContinuousSampler:
                 admitted += n
                 free = free[n:]
             complete = occupied & ~np.asarray(jax.device_get(st.live))
-            if complete.any():
-                yield self._finished(st, np.flatnonzero(complete), held)
+            if complete.any():  # copied out before the slots are refilled
+                ready.update((group[3], group) for group in self._take(st, np.flatnonzero(complete), held))
                 occupied &= ~complete
-                continue
-            if not occupied.any():
+            while handed < max_prompts and all(s in ready for s in range(handed, min(handed + k, max_prompts))):
+                chunk = range(handed, min(handed + k, max_prompts))
+                yield self._finished([ready.pop(s) for s in chunk])
+                handed = chunk.stop
+            if handed == max_prompts:
                 return
-            want = max(1, k - free.size) if admitted < max_prompts else 1
-            st = self._decode(state, st, jnp.asarray(want, jnp.int32))
+            if complete.any():
+                continue
+            # decode until the next chunk's groups could be complete, or until a refill fits
+            want = sum(s not in ready for s in range(handed, min(handed + k, admitted)))
+            if admitted < max_prompts:
+                want = min(want, k - free.size)
+            st = self._decode(state, st, jnp.asarray(max(want, 1), jnp.int32))
 
     def _pad(self, ids, mask, n: int) -> tuple[np.ndarray, np.ndarray]:
         """`[n, s]` left-padded prompts -> `[refill, S]`, padded with `pad_token_id` (extra rows: one real
@@ -259,14 +276,26 @@ class ContinuousSampler:
         out_mask[n:, -1] = 1
         return out_ids, out_mask
 
-    def _finished(self, st: _Slots, slots: np.ndarray, held: list) -> Finished:
+    def _take(self, st: _Slots, slots: np.ndarray, held: list) -> list[tuple]:
+        """Host copies of the completed `slots`' groups: (prompt ids, mask, payload, serial, outputs)."""
         g = self.g
         rows = (slots[:, None] * g + np.arange(g)).reshape(-1)
-        tokens, mask, logp, logq, ent, done = (np.asarray(x)[rows].reshape(len(slots), g, -1) for x in jax.device_get(
-            (st.tokens, st.mask, st.logp, st.logq, st.entropy, st.done[:, None])))
+        outs = [np.asarray(x)[rows].reshape(len(slots), g, -1)
+                for x in jax.device_get((st.tokens, st.mask, st.logp, st.logq, st.entropy, st.done[:, None]))]
+        return [(*held[s], [o[j] for o in outs]) for j, s in enumerate(slots)]
+
+    @staticmethod
+    def _finished(groups: list[tuple]) -> Finished:
+        ids, mask, payloads, serials, outs = zip(*groups)
+        tokens, resp_mask, logp, logq, ent, done = (np.stack(x) for x in zip(*outs))
         rollout = Rollout(
-            prompt_ids=np.stack([held[s][0] for s in slots]), prompt_mask=np.stack([held[s][1] for s in slots]),
-            response_ids=tokens, response_mask=mask, logprobs=logp, sampled_logprobs=logq, entropy=ent,
-            lengths=mask.sum(axis=-1).astype(np.int32), truncated=~done[..., 0],
+            prompt_ids=np.stack(ids), prompt_mask=np.stack(mask), response_ids=tokens, response_mask=resp_mask,
+            logprobs=logp, sampled_logprobs=logq, entropy=ent, lengths=resp_mask.sum(axis=-1).astype(np.int32),
+            truncated=~done[..., 0],
         )
-        return Finished(rollout, [held[s][2] for s in slots], np.asarray([held[s][3] for s in slots]))
+        return Finished(rollout, list(payloads), np.asarray(serials))
+
+
+def default_refill(slots: int) -> int:
+    """The largest divisor of `slots` that is at most a quarter of it (1 for fewer than 4 slots)."""
+    return max(d for d in range(1, max(1, slots // 4) + 1) if slots % d == 0)

@@ -104,6 +104,11 @@ class RolloutSection(_Section):
     # decoding, go on with a batch of half the size (down to compaction_min_rows); same rollout.
     compaction: bool = False
     compaction_min_rows: int = Field(default=8, ge=1)
+    # Continuous batching (dapo_jax/sampling/continuous.py): gen_batch prompt slots decoding at once,
+    # a finished group's slot refilled with the next prompt, continuous_refill at a time (None = a
+    # quarter of gen_batch, dividing it), and dynamic sampling judging the groups as they finish; one process only.
+    continuous: bool = False
+    continuous_refill: int | None = Field(default=None, ge=1)
 
 
 class OptimSection(_Section):
@@ -254,6 +259,13 @@ class RunConfig(_Section):
             ("rollout.max_gen_batches", r.max_gen_batches * r.gen_batch >= r.train_batch,
              f"max_gen_batches*gen_batch={r.max_gen_batches * r.gen_batch} can never fill "
              f"train_batch={r.train_batch}"),
+            ("rollout.continuous", not (r.continuous and r.compaction),
+             "continuous batching and rollout.compaction are alternatives: turn one off"),
+            ("rollout.continuous", not (r.continuous and r.max_new_tokens < 2),
+             f"continuous batching needs max_new_tokens >= 2, got {r.max_new_tokens}"),
+            ("rollout.continuous_refill", r.continuous_refill is None or r.gen_batch % r.continuous_refill == 0,
+             f"continuous_refill={r.continuous_refill} must divide gen_batch={r.gen_batch} (groups are scored "
+             f"continuous_refill at a time: one shape, one compilation)"),
             ("reward.functions", len(self.reward.functions) > 0, "at least one reward function is needed"),
             ("optim.packing_rows", o.packing_rows is None or (o.packing_rows % shards == 0 and o.packing_rows >= r.G),
              f"packing_rows={o.packing_rows} must be >= G={r.G} (a chunk holds whole groups) and divisible over "
@@ -297,6 +309,9 @@ class RunConfig(_Section):
         if r.overlap and m.distributed is not None and m.distributed.num_processes != 1:
             raise _KeyedError("rollout.overlap", "not in a multi-process run (mesh.distributed): the rollout thread "
                               "and the update would launch collectives in an order that may differ between processes")
+        if r.continuous and m.distributed is not None and m.distributed.num_processes != 1:
+            raise _KeyedError("rollout.continuous", "not in a multi-process run (mesh.distributed): each process's "
+                              "host would decide its own refills, from its own finished groups")
         if objective.off_policy_correction is not None and r.recompute_old_logp is False:
             raise _KeyedError("rollout.recompute_old_logp",
                               f"objective.off_policy_correction={objective.off_policy_correction!r} compares the "

@@ -38,7 +38,7 @@ from dapo_jax.training.lora import PolicyWeights
 from dapo_jax.training.metrics import MetricsWriter, compile_count
 from dapo_jax.training.packed_step import make_packed_train_step
 from dapo_jax.training.overlap import Prefetched, Prefetcher, pack, unpack
-from dapo_jax.training.rollout import Groups, collect_groups
+from dapo_jax.training.rollout import Groups, StreamedRounds, collect_groups
 from dapo_jax.training.rollout_log import RolloutLog
 from dapo_jax.training.run_dir import RunDir
 from dapo_jax.training.train_step import Batch, TrainState, init_train_state, make_logprob_fn, make_optimizer, make_train_step
@@ -146,6 +146,7 @@ def train(cfg: RunConfig) -> dict:
     from dapo_jax.rewards.steps import make_step_scorer
     from dapo_jax.parallel.mesh import batch_divisor, batch_sharding
     from dapo_jax.parallel.process_data import ProcessShare, start_processes
+    from dapo_jax.sampling.continuous import ContinuousSampler, default_refill
     from dapo_jax.sampling.sampler import make_generate
 
     run_dir = RunDir(cfg)
@@ -177,6 +178,9 @@ def train(cfg: RunConfig) -> dict:
         del model, params
         scfg = sampling_config(cfg, tokenizer, model_cfg)
         generate = make_generate(_sampler_graphdef(cfg, policy.sampler_graphdef, model_cfg), scfg, r.G)
+        continuous = None if not r.continuous else ContinuousSampler(  # sampling/continuous.py
+            _sampler_graphdef(cfg, policy.sampler_graphdef, model_cfg), scfg, num_samples=r.G, slots=r.gen_batch,
+            refill=r.continuous_refill or default_refill(r.gen_batch), prompt_width=max(stream.buckets))
         generate_eval = make_generate(policy.sampler_graphdef, sampling_config(cfg, tokenizer, model_cfg, eval_mode=True),
                                       cfg.train.eval_k)
         logprob_fn = make_logprob_fn(graphdef, temperature=scfg.logprob_temperature)
@@ -246,10 +250,12 @@ def train(cfg: RunConfig) -> dict:
 
         def sample_round(step: int, round_idx: int, params) -> Groups:
             prompts = share.prompts(stream, r.gen_batch)  # this process's rows; scored here, then gathered
-            ids, pmask = prompts.input_ids, prompts.attention_mask
-            ids_g, pmask_g = share.to_global((ids, pmask), r.gen_batch)
+            ids_g, pmask_g = share.to_global((prompts.input_ids, prompts.attention_mask), r.gen_batch)
             out = generate(policy.sampler(params), ids_g, pmask_g, jax.random.fold_in(jax.random.fold_in(key, step), round_idx))
-            out = share.local(out)
+            return score(prompts, share.local(out))
+
+        def score(prompts, out) -> Groups:  # decode, reward, overlong shaping, GFPO's selection
+            ids, pmask = prompts.input_ids, prompts.attention_mask
             p, g, t = out.response_ids.shape
             texts = sources.decode_responses(tokenizer, out.response_ids.reshape(p * g, t),
                                              out.response_mask.reshape(p * g, t))
@@ -272,11 +278,16 @@ def train(cfg: RunConfig) -> dict:
             return np.asarray(k, bool)
 
         def collect(step: int, params, carry: Groups | None):  # one step's rollout, here or on the overlap thread
-            out = collect_groups(
-                *rollouts.watch(step, lambda i: sample_round(step, i, params), keep if objective.dynamic_sampling else None),
-                train_batch=r.train_batch, max_gen_batches=r.max_gen_batches, on_starvation=r.on_starvation,
-                carry=carry, carry_surplus=r.carry_surplus,
-            )
+            rounds, budget = (lambda i: sample_round(step, i, params)), r.max_gen_batches  # noqa: E731
+            if continuous is not None:  # a round = the groups that just finished; the same budget of prompts
+                rounds, budget = StreamedRounds(continuous, policy.sampler(params), stream, jax.random.fold_in(key, step),
+                                                max_prompts=r.max_gen_batches * r.gen_batch, score=score), None
+            with contextlib.closing(rounds) if budget is None else contextlib.nullcontext():
+                out = collect_groups(
+                    *rollouts.watch(step, rounds, keep if objective.dynamic_sampling else None),
+                    train_batch=r.train_batch, max_gen_batches=budget, on_starvation=r.on_starvation,
+                    carry=carry, carry_surplus=r.carry_surplus,
+                )
             if group_filter is not None:  # the window after this rollout: what a checkpoint holds
                 run.group_filter = group_filter.state_dict()
             return out

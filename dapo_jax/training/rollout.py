@@ -8,6 +8,12 @@ correctness (or reward) has non-zero spread, refilling with further rounds until
 groups are kept; it trains on exactly `train_batch` of them. After `max_gen_batches` rounds it
 either fails with a message or pads the batch with mask-0 groups (fixed shapes, no recompile).
 Surplus kept groups can be carried to the next step (their `old_logp` is their own sampler's).
+
+With continuous batching (`rollout.continuous`, `sampling/continuous.py`) a "round" is the groups
+that have just finished decoding (`StreamedRounds`): dynamic sampling judges them as they arrive and
+stops the stream once `train_batch` are kept, so no round is decoded to its end for groups it does
+not need; the groups still decoding then are dropped. The budget is the same number of prompts,
+`max_gen_batches * gen_batch`, and `gen_rounds` counts these chunks.
 """
 
 from __future__ import annotations
@@ -88,11 +94,11 @@ class Groups:
 
 
 def collect_groups(
-    sample_round: Callable[[int], Groups],
+    sample_round: Callable[[int], Groups | None],
     keep_fn: Callable[[Groups], np.ndarray] | None,
     *,
     train_batch: int,
-    max_gen_batches: int,
+    max_gen_batches: int | None,
     on_starvation: str = "fail",
     carry: Groups | None = None,
     carry_surplus: bool = False,
@@ -100,10 +106,11 @@ def collect_groups(
     """Runs generation rounds until `train_batch` groups are kept; returns (batch, stats, new carry).
 
     Args:
-      sample_round: round index -> scored `Groups` of one generation batch.
+      sample_round: round index -> scored `Groups` of one generation batch, or None when there are
+        no more (a `StreamedRounds` whose prompt budget is spent).
       keep_fn: groups -> `[N]` bool keep mask; None keeps everything (no dynamic sampling, one round).
       train_batch: groups per training batch; the result has exactly this many (padding included).
-      max_gen_batches: the most rounds per step.
+      max_gen_batches: the most rounds per step; None = until `sample_round` returns None.
       on_starvation: "fail" raises `StarvationError`; "train_on_kept" pads with `valid=False` groups.
       carry, carry_surplus: kept groups left over from the previous step, and whether to keep this
         step's surplus for the next one (else it is discarded, as verl does).
@@ -121,8 +128,10 @@ def collect_groups(
         kept.append(carry)
         n_kept = len(carry)
     rounds = 0
-    while n_kept < train_batch and rounds < max_gen_batches:
+    while n_kept < train_batch and (max_gen_batches is None or rounds < max_gen_batches):
         fresh = sample_round(rounds)
+        if fresh is None:
+            break
         rounds += 1
         generated.append(fresh)
         keep = np.ones(len(fresh), bool) if keep_fn is None else np.asarray(keep_fn(fresh), bool)
@@ -138,9 +147,11 @@ def collect_groups(
     stats["carried_in"] = float(len(carry)) if carry is not None else 0.0
     if n_kept < train_batch:
         if on_starvation == "fail" or n_kept == 0 and all_gen is None:
+            budget = (f"rollout.max_gen_batches={max_gen_batches}" if max_gen_batches is not None
+                      else "continuous: rollout.max_gen_batches x gen_batch prompts")
             raise StarvationError(
                 f"dynamic sampling kept {n_kept} of the {train_batch} groups needed after "
-                f"rollout.max_gen_batches={max_gen_batches} generation rounds (every other group's "
+                f"{rounds} generation rounds ({budget}: every other group's "
                 f"responses were all right or all wrong); raise rollout.max_gen_batches or rollout.gen_batch, "
                 f"or set rollout.on_starvation=train_on_kept"
             )
@@ -188,3 +199,29 @@ def _round_stats(g: Groups | None, n_kept_fresh: int, rounds: int) -> dict:
         "rollout_tokens": float(lengths.sum()),
         "entropy_generated": float(g.entropy.sum(dtype=np.float64) / max(lengths.sum(), 1.0)),
     }
+
+
+class StreamedRounds:
+    """`sample_round` for `collect_groups` over a continuous-batching stream: round `i` is the `i`-th
+    set of groups to finish, scored by `score(prompts, rollout) -> Groups` (`None` once the
+    `max_prompts` prompts taken from `stream` are all decoded). `close()` drops the groups in flight."""
+
+    def __init__(self, sampler, params, stream, key, *, max_prompts: int, score: Callable):
+        from dapo_jax.data.stream import PromptBatch
+
+        def next_prompts(n: int):
+            batch = stream.next_batch(n)
+            return batch.input_ids, batch.attention_mask, list(batch.examples)
+
+        def scored(done):
+            out = done.rollout
+            return score(PromptBatch(out.prompt_ids, out.prompt_mask, tuple(done.payloads)), out)
+
+        self._chunks = sampler.stream(params, next_prompts, key, max_prompts=max_prompts)
+        self._rounds = map(scored, self._chunks)
+
+    def __call__(self, i: int) -> Groups | None:
+        return next(self._rounds, None)
+
+    def close(self) -> None:
+        self._chunks.close()

@@ -63,7 +63,8 @@ class RolloutLog:
 
         def sample(i):
             groups = sample_round(i)
-            rounds.append([groups, None])
+            if groups is not None:  # None: a continuous stream has no more (rollout.collect_groups)
+                rounds.append([groups, None])
             return groups
 
         def keep(groups):

@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from dapo_jax.sampling import SamplingConfig, SamplingConfigError, make_generate, pad_to_bucket
-from dapo_jax.sampling.continuous import ContinuousSampler
+from dapo_jax.sampling.continuous import ContinuousSampler, default_refill
 from tests.sampling.test_compaction import EOS, assert_same_rollout, tiny_decoder
 
 T, G, WIDTH = 12, 4, 8
@@ -44,8 +44,18 @@ def streamed():
     graphdef, state = nnx.split(model)
     sampler = ContinuousSampler(graphdef, config(**SAMPLING), num_samples=G, slots=4, refill=2, prompt_width=WIDTH)
     source, key = Source(), jax.random.key(7)
+    completed, take = [], sampler._take  # records the serials in the order their groups complete
+
+    def spy(*args):
+        groups = take(*args)
+        completed.extend(group[3] for group in groups)
+        return groups
+
+    sampler._take = spy
     chunks = list(sampler.stream(state, source, key, max_prompts=len(PROMPTS)))
-    return dict(model=model, graphdef=graphdef, state=state, sampler=sampler, source=source, key=key, chunks=chunks)
+    sampler._take = take
+    return dict(model=model, graphdef=graphdef, state=state, sampler=sampler, source=source, key=key, chunks=chunks,
+                completed=completed)
 
 
 def reference(streamed, prompt_index, serial, cfg=None):
@@ -63,9 +73,8 @@ def test_every_group_is_generates_group_for_its_serial(streamed):
             one = jax.tree.map(lambda x: np.asarray(x)[j:j + 1], chunk.rollout)
             assert_same_rollout(reference(streamed, payload, int(serial)), one)
             seen.append(payload)
-    assert sorted(seen) == list(range(len(PROMPTS)))  # each prompt once
-    # the groups come back in the order they finish, not the order they went in
-    assert seen != sorted(seen), seen
+    # each prompt once, in the order they went in (whatever order they finished in: see below)
+    assert seen == list(range(len(PROMPTS)))
     # ragged lengths: EOS at the first token up to truncation at T (so refills happen mid-decode)
     lengths = np.concatenate([np.asarray(c.rollout.lengths).ravel() for c in streamed["chunks"]])
     assert lengths.min() == 1 and lengths.max() == T, lengths
@@ -74,7 +83,15 @@ def test_every_group_is_generates_group_for_its_serial(streamed):
 def test_slots_are_refilled_two_at_a_time(streamed):
     # 4 slots: two refills of 2 fill them, then refills of 2 as groups finish (10 = 2+2+2+2+2)
     assert streamed["source"].requests == [2, 2, 2, 2, 2]
-    assert len(streamed["chunks"]) >= 3
+    # handed out 2 at a time too: one shape for whatever the caller computes on a chunk
+    assert [len(c.payloads) for c in streamed["chunks"]] == [2] * 5
+    # groups did complete out of order (the case the in-order hand-out is for)
+    completed = streamed["completed"]
+    assert sorted(completed) == list(range(len(PROMPTS))) and completed != sorted(completed), completed
+
+
+def test_default_refill_divides_the_slots():
+    assert [default_refill(n) for n in (1, 3, 4, 8, 14, 16, 18, 64)] == [1, 1, 1, 2, 2, 4, 3, 16]
 
 
 def test_streamed_logprobs_are_the_trainers(streamed):

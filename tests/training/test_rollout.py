@@ -136,3 +136,21 @@ def test_groups_without_entropy_default_to_zeros_and_old_carries_restore():
     old = {k: v for k, v in g.state_dict().items() if k != "entropy"}  # a carry saved before the field
     restored = Groups.from_state_dict(old)
     assert restored.entropy.shape == (2, G, T) and len(restored.padding(3)) == 3
+
+
+def test_a_stream_ends_the_rounds_when_it_has_no_more():
+    """`max_gen_batches=None` (continuous batching): rounds until the stream returns None."""
+    inner = Sampler(per_round=2, mixed=lambda j: j % 3 == 0)
+
+    def stream(i):  # 3 chunks of 2 groups, then nothing (the prompt budget is spent)
+        return inner(i) if inner.calls < 3 else None
+
+    batch, stats, _ = collect_groups(stream, keep, train_batch=2, max_gen_batches=None)
+    assert inner.calls == 2 and stats["gen_rounds"] == 2  # groups 0 and 3 kept: the stream stops there
+    assert list(batch.prompt_ids[:, 0]) == [0, 3] and batch.valid.all()
+    inner.calls = 0
+    batch, stats, _ = collect_groups(stream, keep, train_batch=3, max_gen_batches=None, on_starvation="train_on_kept")
+    assert inner.calls == 3 and stats["gen_rounds"] == 3 and list(batch.valid) == [True, True, False]
+    inner.calls = 0
+    with pytest.raises(StarvationError, match=r"kept 2 of the 3 .*after 3 generation rounds.*continuous"):
+        collect_groups(stream, keep, train_batch=3, max_gen_batches=None)
