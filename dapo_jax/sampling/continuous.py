@@ -47,13 +47,13 @@ from dapo_jax.sampling.sampler import Rollout, is_eos, shard_batch, tempered_ent
 
 
 class _Slots(NamedTuple):
-    """The decode state of `P` prompt slots (`B = P*G` rows, row `b = p*G + g`)."""
+    """The decode state of `B` row slots (one response each; a group's rows hold copies of its prompt)."""
 
-    prompt: PromptCache  # [P, ...]: each slot's prefilled prompt
-    cache: ResponseCache  # [P, H_kv, G, ...] with T - 1 response slots
-    n_prompt: jax.Array  # [P] int32: real prompt tokens
-    t: jax.Array  # [P] int32: the next token index each slot draws
-    live: jax.Array  # [P] bool: the slot holds a group still decoding
+    prompt: PromptCache  # [B, ...]: each row's prefilled prompt
+    cache: ResponseCache  # [B, H_kv, 1, ...] with T - 1 response slots
+    n_prompt: jax.Array  # [B] int32: real prompt tokens
+    t: jax.Array  # [B] int32: the next token index each row draws
+    live: jax.Array  # [B] bool: the row holds a response still decoding
     logits: jax.Array  # [B, V] float32, for token t
     done: jax.Array  # [B] bool: the row has emitted its EOS
     tokens: jax.Array  # [B, T] int32
@@ -64,6 +64,9 @@ class _Slots(NamedTuple):
     uniforms: jax.Array | None  # [B, T] float32 (None when greedy)
 
 
+_OUTPUTS = ("tokens", "mask", "logp", "logq", "entropy")
+
+
 class Finished(NamedTuple):
     """Completed groups with consecutive serials (admission order)."""
 
@@ -72,20 +75,20 @@ class Finished(NamedTuple):
     serials: np.ndarray  # [n] int: each prompt's admission order in the stream (its uniforms' fold_in)
 
 
-def _empty(model: Decoder, config: SamplingConfig, slots: int, g: int, width: int) -> _Slots:
+def _empty(model: Decoder, config: SamplingConfig, b: int, width: int) -> _Slots:
     cfg = model.config
-    b, t_max = slots * g, config.max_new_tokens
+    t_max = config.max_new_tokens
     dtype = jnp.dtype(cfg.dtype)
     h_kv, d, n = cfg.num_key_value_heads, cfg.head_dim, t_max - 1
     layers = range(cfg.num_hidden_layers)
     zeros = lambda shape, dt=jnp.float32: jnp.zeros(shape, dt)  # noqa: E731
     return _Slots(
-        prompt=PromptCache(k=tuple(zeros((slots, h_kv, d, width), dtype) for _ in layers),
-                           v=tuple(zeros((slots, h_kv, width, d), dtype) for _ in layers),
-                           mask=zeros((slots, width), bool)),
-        cache=ResponseCache(k=tuple(zeros((slots, h_kv, g, d, n), dtype) for _ in layers),
-                            v=tuple(zeros((slots, h_kv, g, n, d), dtype) for _ in layers)),
-        n_prompt=zeros((slots,), jnp.int32), t=zeros((slots,), jnp.int32), live=zeros((slots,), bool),
+        prompt=PromptCache(k=tuple(zeros((b, h_kv, d, width), dtype) for _ in layers),
+                           v=tuple(zeros((b, h_kv, width, d), dtype) for _ in layers),
+                           mask=zeros((b, width), bool)),
+        cache=ResponseCache(k=tuple(zeros((b, h_kv, 1, d, n), dtype) for _ in layers),
+                            v=tuple(zeros((b, h_kv, 1, n, d), dtype) for _ in layers)),
+        n_prompt=zeros((b,), jnp.int32), t=zeros((b,), jnp.int32), live=zeros((b,), bool),
         logits=zeros((b, cfg.vocab_size)), done=zeros((b,), bool),
         tokens=jnp.full((b, t_max), config.pad_token_id, jnp.int32), mask=zeros((b, t_max), jnp.int32),
         logp=zeros((b, t_max)), logq=zeros((b, t_max)), entropy=zeros((b, t_max)),
@@ -93,64 +96,57 @@ def _empty(model: Decoder, config: SamplingConfig, slots: int, g: int, width: in
     )
 
 
-def _draw(st: _Slots, config: SamplingConfig, g: int, rows_on: jax.Array) -> _Slots:
-    """Draws token `t[p]` from `st.logits` for the rows `rows_on` (pad / mask 0 on finished rows)."""
+def _draw(st: _Slots, config: SamplingConfig, rows_on: jax.Array) -> _Slots:
+    """Draws token `t[b]` from `st.logits` for the rows `rows_on`, then steps them: `t += 1`, and a
+    row whose token was its EOS (or the `T`-th) completes."""
     t_max = config.max_new_tokens
-    t_row = jnp.repeat(st.t, g)
     u = None
     if st.uniforms is not None:
-        u = jnp.take_along_axis(st.uniforms, jnp.minimum(t_row, t_max - 1)[:, None], axis=1)[:, 0]
+        u = jnp.take_along_axis(st.uniforms, jnp.minimum(st.t, t_max - 1)[:, None], axis=1)[:, 0]
     tok, lp, lq = draw_tokens(u, st.logits, config=config)
     ent = tempered_entropy(st.logits, config.logprob_temperature)
-    live = rows_on & ~st.done
+    live = rows_on & ~st.done  # a live row is never done; a finished one draws nothing
     tok = jnp.where(live, tok, config.pad_token_id)
     lp, lq, ent = (jnp.where(live, x, 0.0) for x in (lp, lq, ent))
-    rows, col = jnp.arange(t_row.shape[0]), jnp.where(rows_on, t_row, t_max)  # column T: dropped
+    rows, col = jnp.arange(st.t.shape[0]), jnp.where(live, st.t, t_max)  # column T: dropped
     put = lambda buf, v: buf.at[rows, col].set(v.astype(buf.dtype), mode="drop")  # noqa: E731
+    done = st.done | (live & is_eos(tok, config.eos_token_ids))
+    t = jnp.where(live, st.t + 1, st.t)
     return st._replace(
-        done=st.done | (live & is_eos(tok, config.eos_token_ids)),
+        done=done, t=t, live=st.live & ~done & (t < t_max),
         tokens=put(st.tokens, tok), mask=put(st.mask, live), logp=put(st.logp, lp), logq=put(st.logq, lq),
         entropy=put(st.entropy, ent),
     )
 
 
-def _advance_slots(st: _Slots, stepped: jax.Array, g: int, t_max: int) -> _Slots:
-    """`t += 1` on the slots that drew a token; a slot whose rows are all done (or at `T`) completes."""
-    t = jnp.where(stepped, st.t + 1, st.t)
-    complete = jnp.all(st.done.reshape(-1, g), axis=1) | (t >= t_max)
-    return st._replace(t=t, live=st.live & ~complete)
-
-
-def _admit(model: Decoder, st: _Slots, idx, ids, mask, key, serials, *, config: SamplingConfig, g: int) -> _Slots:
-    """Prefills `k` prompts into the slots `idx` (`P` = none: dropped) and draws their token 0."""
+def _admit(model: Decoder, st: _Slots, rows, ids, mask, key, serials, *, config: SamplingConfig, g: int) -> _Slots:
+    """Prefills `k` prompts into the row slots `rows` (`[k*G]`, prompt i's G rows at `i*G ..`; `B` =
+    none: dropped) and draws their token 0."""
     k, width = ids.shape
-    slots, t_max = st.t.shape[0], config.max_new_tokens
+    b, t_max = st.t.shape[0], config.max_new_tokens
     hidden, cache = model(ids, positions_from_mask(mask), mask, cache=KVCache.init(model.config, k, width))
     last = model.logits(hidden[:, -1])  # left padding: every prompt ends in the last column
-    slot_put = lambda full, new: full.at[idx].set(new.astype(full.dtype), mode="drop")  # noqa: E731
-    rows = (idx[:, None] * g + jnp.arange(g)).reshape(-1)  # >= B for a dropped slot
-    row_put = lambda full, new: full.at[rows].set(new.astype(full.dtype), mode="drop")  # noqa: E731
+    per_row = lambda x: jnp.repeat(x, g, axis=0)  # noqa: E731  prompt i -> rows i*G .. i*G+G-1
+    put = lambda full, new: full.at[rows].set(new.astype(full.dtype), mode="drop")  # noqa: E731
     fresh = lambda x: jnp.zeros((k * g, *x.shape[1:]), x.dtype)  # noqa: E731
     uniforms = st.uniforms
     if uniforms is not None:
         draw = lambda s: jax.random.uniform(jax.random.fold_in(key, s), (g, t_max), jnp.float32)  # noqa: E731
-        uniforms = row_put(uniforms, jax.vmap(draw)(serials).reshape(k * g, t_max))
+        uniforms = put(uniforms, jax.vmap(draw)(serials).reshape(k * g, t_max))
     st = st._replace(
-        prompt=jax.tree.map(slot_put, st.prompt, prompt_cache_from_prefill(cache)),
-        n_prompt=slot_put(st.n_prompt, mask.sum(axis=-1)), t=slot_put(st.t, jnp.zeros(k, jnp.int32)),
-        live=slot_put(st.live, jnp.ones(k, bool)),
-        logits=row_put(st.logits, jnp.repeat(last.astype(jnp.float32), g, axis=0)),
-        done=row_put(st.done, fresh(st.done)), tokens=row_put(st.tokens, fresh(st.tokens) + config.pad_token_id),
-        mask=row_put(st.mask, fresh(st.mask)), logp=row_put(st.logp, fresh(st.logp)),
-        logq=row_put(st.logq, fresh(st.logq)), entropy=row_put(st.entropy, fresh(st.entropy)), uniforms=uniforms,
+        prompt=jax.tree.map(lambda full, new: put(full, per_row(new)), st.prompt, prompt_cache_from_prefill(cache)),
+        n_prompt=put(st.n_prompt, per_row(mask.sum(axis=-1))), t=put(st.t, fresh(st.t)),
+        live=put(st.live, fresh(st.live) | True), logits=put(st.logits, per_row(last.astype(jnp.float32))),
+        done=put(st.done, fresh(st.done)), tokens=put(st.tokens, fresh(st.tokens) + config.pad_token_id),
+        mask=put(st.mask, fresh(st.mask)), logp=put(st.logp, fresh(st.logp)), logq=put(st.logq, fresh(st.logq)),
+        entropy=put(st.entropy, fresh(st.entropy)), uniforms=uniforms,
     )
-    admitted = jnp.zeros((slots,), bool).at[idx].set(True, mode="drop")
-    st = _draw(st, config, g, jnp.repeat(admitted, g))
-    return jax.tree.map(shard_batch, _advance_slots(st, admitted, g, t_max))
+    admitted = jnp.zeros((b,), bool).at[rows].set(True, mode="drop")
+    return jax.tree.map(shard_batch, _draw(st, config, admitted))
 
 
-def _decode(model: Decoder, st: _Slots, want, *, config: SamplingConfig, g: int) -> _Slots:
-    """Decodes every live slot until `want` groups have completed (or none is live)."""
+def _decode(model: Decoder, st: _Slots, want, *, config: SamplingConfig) -> _Slots:
+    """Decodes every live row until `want` rows have completed (or none is live)."""
     t_max = config.max_new_tokens
     fused = fuse_layers(model)  # loop-invariant
 
@@ -161,14 +157,12 @@ def _decode(model: Decoder, st: _Slots, want, *, config: SamplingConfig, g: int)
     def body(carry):
         st, completed = carry
         running = st.live
-        t_row = jnp.repeat(st.t, g)
-        prev = jnp.take_along_axis(st.tokens, jnp.clip(t_row - 1, 0, t_max - 1)[:, None], axis=1)[:, 0]
-        positions = jnp.repeat(st.n_prompt, g) + t_row - 1
-        logits, cache = decode_step(model, fused, st.prompt, None, st.cache, prev, positions,
+        prev = jnp.take_along_axis(st.tokens, jnp.clip(st.t - 1, 0, t_max - 1)[:, None], axis=1)[:, 0]
+        # each row is its own "prompt" (G = 1 in the decode layout), at its own cache slot
+        logits, cache = decode_step(model, fused, st.prompt, None, st.cache, prev, st.n_prompt + st.t - 1,
                                     jnp.clip(st.t - 1, 0, t_max - 2))
-        st = _draw(st._replace(cache=cache, logits=logits), config, g, jnp.repeat(running, g))
-        st = jax.tree.map(shard_batch, _advance_slots(st, running, g, t_max))
-        return st, completed + jnp.sum(running & ~st.live)
+        st = _draw(st._replace(cache=cache, logits=logits), config, running)
+        return jax.tree.map(shard_batch, st), completed + jnp.sum(running & ~st.live)
 
     return jax.lax.while_loop(cond, body, (st, jnp.zeros((), jnp.int32)))[0]
 
@@ -180,10 +174,11 @@ class ContinuousSampler:
       graphdef: `nnx.split(model)[0]`; `state` (the parameters) is passed to `stream`.
       config: as for `generate` (`compaction` does not apply and must be off).
       num_samples: G, responses per prompt.
-      slots: P, prompts decoding at once (the batch is `P*G` rows).
-      refill: prompts admitted together (one prefill); a slot waits until `refill` are free, or
-        until the prompts left to admit fit the free slots. Groups are also handed out `refill` at
-        a time (`default_refill(slots)` is a quarter of the slots, dividing them).
+      slots: P, the batch is `P*G` rows: as many rows as `generate` on `P` prompts.
+      refill: prompts admitted together (one prefill of `refill` prompts into `refill*G` free rows);
+        the free rows wait until there are that many, or until the prompts left fit them. Groups
+        are also handed out `refill` at a time (`default_refill(slots)` is a quarter of the
+        slots, dividing them).
       prompt_width: S, every prompt is left-padded to this many tokens.
     """
 
@@ -201,10 +196,10 @@ class ContinuousSampler:
         self.config, self.g, self.slots, self.refill, self.width = config, num_samples, slots, refill, prompt_width
         merged = lambda fn: lambda state, *a, **kw: fn(nnx.merge(graphdef, state), *a, **kw)  # noqa: E731
         self._empty = jax.jit(merged(lambda model: jax.tree.map(
-            shard_batch, _empty(model, config, slots, num_samples, prompt_width))))
+            shard_batch, _empty(model, config, slots * num_samples, prompt_width))))
         self._admit = jax.jit(merged(lambda model, st, *a: _admit(model, st, *a, config=config, g=num_samples)),
                               donate_argnums=1)
-        self._decode = jax.jit(merged(lambda model, st, want: _decode(model, st, want, config=config, g=num_samples)),
+        self._decode = jax.jit(merged(lambda model, st, want: _decode(model, st, want, config=config)),
                                donate_argnums=1)
 
     def stream(self, state, next_prompts: Callable[[int], tuple[np.ndarray, np.ndarray, list]], key: jax.Array,
@@ -213,53 +208,58 @@ class ContinuousSampler:
         `max_prompts` prompts have been admitted and decoded (the last chunk is smaller when `refill`
         does not divide `max_prompts`).
 
-        A chunk is handed out as soon as its `refill` groups have all completed, while later slots go
-        on decoding. The order is the admission order, not the order of completion, so a caller that
-        stops early (dynamic sampling with its batch full) keeps no more short responses than it would
-        have from `generate`: the groups it drops are the later prompts, whatever their lengths.
+        A row that completes is copied out and its slot is free for the next prompts at once; a
+        chunk is handed out as soon as its `refill` groups are complete, while the other rows go on
+        decoding. The order is the admission order, not the order of completion, so a caller that
+        stops early (dynamic sampling with its batch full) keeps no more short responses than it
+        would have from `generate`: the groups it drops are the later prompts, whatever their lengths.
         Every chunk but the last has the same size, so what the caller computes on a chunk compiles
         once. `next_prompts(n)` returns `(ids [n, s], mask [n, s], payloads)`, left-padded, `s <=
         prompt_width`; it is called only for prompts about to be admitted. Closing the generator
         (a `break` in the caller's loop) drops the groups still decoding.
         """
-        p, k = self.slots, self.refill
+        g, k, b = self.g, self.refill, self.slots * self.g
         st = self._empty(state)
-        occupied = np.zeros(p, bool)
-        held: list[Any] = [None] * p  # (prompt ids, mask, payload, serial) of each occupied slot
-        ready: dict[int, tuple] = {}  # serial -> completed group (host copy), not yet handed out
+        holder = np.full(b, -1)  # the serial whose response each row slot holds (-1: free)
+        sample = np.zeros(b, int)  # and which of its G samples
+        groups: dict[int, dict] = {}  # serial -> prompt, payload, and its rows' outputs as they complete
         admitted = handed = 0  # prompts admitted; groups handed out (serials < handed)
         while True:
-            free = np.flatnonzero(~occupied)
-            while admitted < max_prompts and free.size and (free.size >= k or max_prompts - admitted <= free.size):
-                n = min(k, free.size, max_prompts - admitted)
+            free = np.flatnonzero(holder < 0)
+            while admitted < max_prompts and free.size >= g and (
+                    free.size >= k * g or (max_prompts - admitted) * g <= free.size):
+                n = min(k, free.size // g, max_prompts - admitted)
                 ids, mask, payloads = next_prompts(n)
                 ids, mask = self._pad(ids, mask, n)
-                idx = np.full(k, p, np.int32)
-                idx[:n] = free[:n]
+                rows = np.full(k * g, b, np.int32)
+                rows[:n * g] = free[:n * g]
                 serials = np.arange(admitted, admitted + k, dtype=np.int32)
-                st = self._admit(state, st, jnp.asarray(idx), jnp.asarray(ids), jnp.asarray(mask), key,
+                st = self._admit(state, st, jnp.asarray(rows), jnp.asarray(ids), jnp.asarray(mask), key,
                                  jnp.asarray(serials))
                 for j in range(n):
-                    held[free[j]] = (ids[j], mask[j], payloads[j], admitted + j)
-                occupied[free[:n]] = True
+                    groups[admitted + j] = dict(ids=ids[j], mask=mask[j], payload=payloads[j], left=g,
+                                                out={name: [None] * g for name in (*_OUTPUTS, "done")})
+                    holder[free[j * g:(j + 1) * g]] = admitted + j
+                    sample[free[j * g:(j + 1) * g]] = np.arange(g)
                 admitted += n
-                free = free[n:]
-            complete = occupied & ~np.asarray(jax.device_get(st.live))
-            if complete.any():  # copied out before the slots are refilled
-                ready.update((group[3], group) for group in self._take(st, np.flatnonzero(complete), held))
-                occupied &= ~complete
-            while handed < max_prompts and all(s in ready for s in range(handed, min(handed + k, max_prompts))):
+                free = free[n * g:]
+            complete = (holder >= 0) & ~np.asarray(jax.device_get(st.live))
+            if complete.any():  # copied out before the rows are refilled
+                self._take(st, np.flatnonzero(complete), holder, sample, groups)
+                holder[complete] = -1
+            while handed < max_prompts and all(
+                    s in groups and not groups[s]["left"] for s in range(handed, min(handed + k, max_prompts))):
                 chunk = range(handed, min(handed + k, max_prompts))
-                yield self._finished([ready.pop(s) for s in chunk])
+                yield self._finished(chunk, [groups.pop(s) for s in chunk])
                 handed = chunk.stop
             if handed == max_prompts:
                 return
             if complete.any():
                 continue
-            # decode until the next chunk's groups could be complete, or until a refill fits
-            want = sum(s not in ready for s in range(handed, min(handed + k, admitted)))
+            # decode until the next chunk's rows could be complete, or until a refill fits
+            want = sum(groups[s]["left"] for s in range(handed, min(handed + k, admitted)))
             if admitted < max_prompts:
-                want = min(want, k - free.size)
+                want = min(want, max(g, k * g - free.size) if want else k * g - free.size)
             st = self._decode(state, st, jnp.asarray(max(want, 1), jnp.int32))
 
     def _pad(self, ids, mask, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -276,24 +276,26 @@ class ContinuousSampler:
         out_mask[n:, -1] = 1
         return out_ids, out_mask
 
-    def _take(self, st: _Slots, slots: np.ndarray, held: list) -> list[tuple]:
-        """Host copies of the completed `slots`' groups: (prompt ids, mask, payload, serial, outputs)."""
-        g = self.g
-        rows = (slots[:, None] * g + np.arange(g)).reshape(-1)
-        outs = [np.asarray(x)[rows].reshape(len(slots), g, -1)
-                for x in jax.device_get((st.tokens, st.mask, st.logp, st.logq, st.entropy, st.done[:, None]))]
-        return [(*held[s], [o[j] for o in outs]) for j, s in enumerate(slots)]
-
     @staticmethod
-    def _finished(groups: list[tuple]) -> Finished:
-        ids, mask, payloads, serials, outs = zip(*groups)
-        tokens, resp_mask, logp, logq, ent, done = (np.stack(x) for x in zip(*outs))
+    def _take(st: _Slots, rows: np.ndarray, holder: np.ndarray, sample: np.ndarray, groups: dict) -> None:
+        """Copies the completed `rows` into their groups (`holder[row]`'s sample `sample[row]`)."""
+        host = dict(zip((*_OUTPUTS, "done"), jax.device_get(tuple(getattr(st, n) for n in (*_OUTPUTS, "done")))))
+        for row in rows:
+            group = groups[holder[row]]
+            for name, values in host.items():
+                group["out"][name][sample[row]] = np.asarray(values[row])
+            group["left"] -= 1
+
+    def _finished(self, serials: range, groups: list[dict]) -> Finished:
+        stack = lambda name: np.stack([np.stack(grp["out"][name]) for grp in groups])  # noqa: E731
+        resp_mask = stack("mask")
         rollout = Rollout(
-            prompt_ids=np.stack(ids), prompt_mask=np.stack(mask), response_ids=tokens, response_mask=resp_mask,
-            logprobs=logp, sampled_logprobs=logq, entropy=ent, lengths=resp_mask.sum(axis=-1).astype(np.int32),
-            truncated=~done[..., 0],
+            prompt_ids=np.stack([grp["ids"] for grp in groups]), prompt_mask=np.stack([grp["mask"] for grp in groups]),
+            response_ids=stack("tokens"), response_mask=resp_mask, logprobs=stack("logp"),
+            sampled_logprobs=stack("logq"), entropy=stack("entropy"),
+            lengths=resp_mask.sum(axis=-1).astype(np.int32), truncated=~stack("done"),
         )
-        return Finished(rollout, list(payloads), np.asarray(serials))
+        return Finished(rollout, [grp["payload"] for grp in groups], np.asarray(serials))
 
 
 def default_refill(slots: int) -> int:

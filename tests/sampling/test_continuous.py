@@ -24,13 +24,13 @@ def config(**kw):
 
 
 class Source:
-    """`next_prompts` over PROMPTS in order (payload: the prompt's index); records each request."""
+    """`next_prompts` over PROMPTS in order, cycled (payload: the serial); records each request."""
 
     def __init__(self, prompts=PROMPTS):
         self.prompts, self.next, self.requests = prompts, 0, []
 
     def __call__(self, n):
-        chunk = self.prompts[self.next:self.next + n]
+        chunk = [self.prompts[i % len(self.prompts)] for i in range(self.next, self.next + n)]
         ids, mask = pad_to_bucket(chunk, (max(map(len, chunk)),), pad_id=63)  # as narrow as the longest
         payloads = list(range(self.next, self.next + n))
         self.next += n
@@ -44,12 +44,11 @@ def streamed():
     graphdef, state = nnx.split(model)
     sampler = ContinuousSampler(graphdef, config(**SAMPLING), num_samples=G, slots=4, refill=2, prompt_width=WIDTH)
     source, key = Source(), jax.random.key(7)
-    completed, take = [], sampler._take  # records the serials in the order their groups complete
+    completed, take = [], sampler._take  # records the serials in the order their rows complete
 
-    def spy(*args):
-        groups = take(*args)
-        completed.extend(group[3] for group in groups)
-        return groups
+    def spy(st, rows, holder, sample, groups):
+        completed.extend(int(holder[row]) for row in rows)
+        return take(st, rows, holder, sample, groups)
 
     sampler._take = spy
     chunks = list(sampler.stream(state, source, key, max_prompts=len(PROMPTS)))
@@ -85,9 +84,9 @@ def test_slots_are_refilled_two_at_a_time(streamed):
     assert streamed["source"].requests == [2, 2, 2, 2, 2]
     # handed out 2 at a time too: one shape for whatever the caller computes on a chunk
     assert [len(c.payloads) for c in streamed["chunks"]] == [2] * 5
-    # groups did complete out of order (the case the in-order hand-out is for)
+    # rows of later prompts completed before rows of earlier ones (the case the in-order hand-out is for)
     completed = streamed["completed"]
-    assert sorted(completed) == list(range(len(PROMPTS))) and completed != sorted(completed), completed
+    assert sorted(completed) == sorted(list(range(len(PROMPTS))) * G) and completed != sorted(completed), completed
 
 
 def test_default_refill_divides_the_slots():
@@ -109,10 +108,10 @@ def test_streamed_logprobs_are_the_trainers(streamed):
 
 def test_closing_the_stream_drops_the_rest_and_nothing_recompiles(streamed):
     sampler, source = streamed["sampler"], Source()
-    stream = sampler.stream(streamed["state"], source, jax.random.key(8), max_prompts=len(PROMPTS))
+    stream = sampler.stream(streamed["state"], source, jax.random.key(8), max_prompts=100)  # PROMPTS, cycled
     first = next(stream)
     stream.close()
-    assert len(first.payloads) >= 1 and source.next < len(PROMPTS)  # never asked for the rest
+    assert first.payloads == [0, 1] and source.next < 20  # never asked for the rest
     for fn in (sampler._empty, sampler._admit, sampler._decode):
         assert fn._cache_size() == 1  # a second stream, other lengths and a partial refill: no new shapes
 
