@@ -156,6 +156,7 @@ def bench_stream(name, gens, graphdef, state, ids, mask, g, sampling, args):
     t0 = time.perf_counter()
     stream(jax.random.key(0))
     compile_s = time.perf_counter() - t0
+    calls = sampler.decode_calls  # decode loops (host round trips) of one stream
     times = {"plain": [], "compacted": [], "continuous": []}
     tokens = {k: 0 for k in times}
     for i in range(args.repeats):
@@ -172,7 +173,8 @@ def bench_stream(name, gens, graphdef, state, ids, mask, g, sampling, args):
     print(f"{name:>10} {rounds} x {p} prompts, {p} slots refilled {refill} at a time | plain {rate['plain']:8.0f} tok/s "
           f"| compacted {rate['compacted']:8.0f} tok/s | continuous {rate['continuous']:8.0f} tok/s "
           f"| continuous / plain {rate['continuous'] / rate['plain']:5.2f}x, / compacted "
-          f"{rate['continuous'] / rate['compacted']:5.2f}x | first stream (compiles) {compile_s:.1f} s", flush=True)
+          f"{rate['continuous'] / rate['compacted']:5.2f}x | first stream (compiles) {compile_s:.1f} s, "
+          f"{calls} decode calls", flush=True)
     print(f"{'':>10} " + "  ".join(f"{k} s {[round(x, 3) for x in v]}" for k, v in times.items()))
 
 

@@ -21,11 +21,8 @@ half the rows' worth of prompt slots.
 A stage size must be a multiple of the batch devices ("data" x "fsdp"), so each device keeps an
 equal slice; where the batch cannot halve under that rule there is no compaction (and a warning).
 
-Not done here: continuous batching (refilling finished slots with new prompts inside one call)
-needs a per-row decode position and prompt length, a prefill inside the loop for the new prompt's
-rows, and a rollout that returns groups as they complete rather than a fixed `[P, G, T]`; streaming
-groups to dynamic sampling then needs `training.rollout.collect_groups` to score and keep groups as
-they arrive (a host callback or a loop of shorter generate calls) instead of per round.
+Continuous batching (refilling finished rows with new prompts inside a rollout, and handing groups
+to dynamic sampling as they complete) is `continuous.py`; the two are alternatives.
 """
 
 from __future__ import annotations

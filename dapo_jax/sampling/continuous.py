@@ -1,4 +1,4 @@
-"""Continuous batching: a group that finishes leaves the decode batch and a new prompt takes its slot.
+"""Continuous batching: a response that finishes leaves the decode batch and new prompts take its row.
 
     sampler = ContinuousSampler(graphdef, config, num_samples=G, slots=P, refill=k, prompt_width=S)
     for done in sampler.stream(state, next_prompts, key, max_prompts=N):   # a generator
@@ -8,24 +8,25 @@
 
 A rollout of `generate` (`sampler.py`) decodes `P` prompts together until its longest response
 ends: on long chain-of-thought lengths most rows sit finished for most of the steps, and dynamic
-sampling pays that tail once per round. Here the decode batch is `P` prompt slots of `G` rows each,
-and every slot is at its own step `t[p]` (the `G` rows of a prompt start together, so they share
-it; `decode.decode_step` takes one cache slot per prompt). A `while_loop` (`advance`) decodes until
-a requested number of groups has completed (every row has emitted an EOS or `T` tokens exist); the
-host copies those groups out, hands them to the caller in admission order (`stream`) and `admit`s
-the next prompts into the free slots, `refill` at a time: one prefill of `refill` prompts, written into the slots' prompt cache, and their token 0.
-Both are jitted once (fixed shapes; a partial refill pads with dropped rows), so nothing recompiles
-after the first call.
+sampling pays that tail once per round. Here the decode batch is `B = P*G` row slots, each at its
+own step `t[b]` with its own copy of its prompt's cache (`G = 1` in `decode.decode_step`'s layout,
+one cache slot per row). A `while_loop` (`_decode`) decodes until a requested number of rows has
+completed (an EOS, or `T` tokens); the host copies those rows out and `admit`s the next prompts into
+the free rows, `refill` prompts (`refill*G` rows) at a time: one prefill, its keys and values
+written to each of the prompt's rows, and their token 0. A group is handed to the caller once its
+G rows are complete, in admission order (`stream`). Both functions are jitted once (fixed shapes;
+a partial refill pads with dropped rows), so nothing recompiles after the first call.
 
 The samples are the ones `generate` draws: the prompt admitted `s`-th in a stream (its serial) reads
 the uniforms `uniform(fold_in(key, s), (G, T))`, which is what `generate` draws for that prompt alone
 with the key `fold_in(key, s)`; so its tokens are identical and its log-probs equal up to float
 rounding (`tests/sampling/test_continuous.py`). The log-probs are the trainer's, as in `generate`.
 
-What it costs: each step attends over all `T - 1` response slots (the slots are at different
-steps, so `generate`'s blocks, which skip the empty slots, do not apply), and a slot between
-groups computes padding until the host refills it. `scripts/bench_long_tail.py` measures it.
-One process only: the host decides the refills (a multi-process run would have to agree on them).
+What it costs: each step attends over all `T - 1` response slots (the rows are at different steps,
+so `generate`'s blocks, which skip the empty slots, do not apply); the `G` rows of a prompt read `G`
+copies of its keys and values instead of one; free rows compute padding until the host refills
+them. `scripts/bench_long_tail.py` measures it against `generate`. One process only: the host
+decides the refills (a multi-process run would have to agree on them).
 """
 
 from __future__ import annotations
@@ -194,6 +195,7 @@ class ContinuousSampler:
         if not isinstance(refill, int) or not 1 <= refill <= slots:
             raise SamplingConfigError(f"refill must be an int in [1, slots={slots}], got {refill!r}")
         self.config, self.g, self.slots, self.refill, self.width = config, num_samples, slots, refill, prompt_width
+        self.decode_calls = 0  # `_decode` calls so far (each a host round trip), for the benchmark
         merged = lambda fn: lambda state, *a, **kw: fn(nnx.merge(graphdef, state), *a, **kw)  # noqa: E731
         self._empty = jax.jit(merged(lambda model: jax.tree.map(
             shard_batch, _empty(model, config, slots * num_samples, prompt_width))))
@@ -256,10 +258,13 @@ class ContinuousSampler:
                 return
             if complete.any():
                 continue
-            # decode until the next chunk's rows could be complete, or until a refill fits
-            want = sum(groups[s]["left"] for s in range(handed, min(handed + k, admitted)))
+            # decode until a refill fits (a chunk that is ready by then is handed out then), or, with
+            # every prompt admitted, until the next chunk's rows could be complete
             if admitted < max_prompts:
-                want = min(want, max(g, k * g - free.size) if want else k * g - free.size)
+                want = k * g - free.size
+            else:
+                want = sum(groups[s]["left"] for s in range(handed, min(handed + k, admitted)))
+            self.decode_calls += 1
             st = self._decode(state, st, jnp.asarray(max(want, 1), jnp.int32))
 
     def _pad(self, ids, mask, n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -136,3 +136,21 @@ def test_bad_settings_are_refused():
     with pytest.raises(SamplingConfigError, match="max_new_tokens >= 2"):
         ContinuousSampler(graphdef, SamplingConfig(max_new_tokens=1), num_samples=G, slots=4, refill=2,
                           prompt_width=WIDTH)
+
+
+@pytest.mark.skipif(jax.device_count() < 2, reason="needs the fake CPU devices from tests/conftest.py")
+def test_rows_split_over_two_devices_give_the_same_stream(streamed):
+    from dapo_jax.models.sharding import shard_model
+    from dapo_jax.parallel.mesh import make_mesh
+
+    mesh = make_mesh(data=2, fsdp=1, tensor=1, devices=jax.devices()[:2])
+    with jax.set_mesh(mesh):
+        model = tiny_decoder()
+        shard_model(model, mesh)
+        graphdef, state = nnx.split(model)
+        sampler = ContinuousSampler(graphdef, config(**SAMPLING), num_samples=G, slots=4, refill=2, prompt_width=WIDTH)
+        chunks = list(sampler.stream(state, Source(), streamed["key"], max_prompts=len(PROMPTS)))
+        assert sampler._decode._cache_size() == 1
+    assert [c.payloads for c in chunks] == [c.payloads for c in streamed["chunks"]]
+    for ours, ref in zip(chunks, streamed["chunks"]):
+        assert_same_rollout(ref.rollout, ours.rollout)
