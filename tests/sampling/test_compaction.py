@@ -31,6 +31,18 @@ def tiny_decoder():
     return model
 
 
+def tiny_decoder_on_two_devices():
+    """(mesh, graphdef, state): `tiny_decoder` sharded over a data=2 mesh of the fake CPU devices."""
+    from dapo_jax.models.sharding import shard_model
+    from dapo_jax.parallel.mesh import make_mesh
+
+    mesh = make_mesh(data=2, fsdp=1, tensor=1, devices=jax.devices()[:2])
+    with jax.set_mesh(mesh):
+        model = tiny_decoder()
+        shard_model(model, mesh)
+        return (mesh, *nnx.split(model))
+
+
 def inputs(prompts=PROMPTS):
     ids, mask = pad_to_bucket(prompts, (8,), pad_id=0)
     return jnp.asarray(ids), jnp.asarray(mask)
@@ -122,14 +134,8 @@ def test_another_length_pattern_does_not_recompile(ragged):
 
 @pytest.mark.skipif(jax.device_count() < 2, reason="needs the fake CPU devices from tests/conftest.py")
 def test_compaction_on_a_mesh_keeps_stages_divisible_by_the_batch_devices(ragged):
-    from dapo_jax.models.sharding import shard_model
-    from dapo_jax.parallel.mesh import make_mesh
-
-    mesh = make_mesh(data=2, fsdp=1, tensor=1, devices=jax.devices()[:2])
+    mesh, graphdef, state = tiny_decoder_on_two_devices()
     with jax.set_mesh(mesh):
-        model = tiny_decoder()
-        shard_model(model, mesh)
-        graphdef, state = nnx.split(model)
         ids, mask = (jax.device_put(x, jax.NamedSharding(mesh, jax.P(("data", "fsdp"))))
                      for x in (ragged["ids"], ragged["mask"]))
         packed = make_generate(graphdef, config(True, **SAMPLING), 4)

@@ -10,7 +10,7 @@ from flax import nnx
 
 from dapo_jax.sampling import SamplingConfig, SamplingConfigError, make_generate, pad_to_bucket
 from dapo_jax.sampling.continuous import ContinuousSampler, default_refill
-from tests.sampling.test_compaction import EOS, assert_same_rollout, tiny_decoder
+from tests.sampling.test_compaction import EOS, assert_same_rollout, tiny_decoder, tiny_decoder_on_two_devices
 
 T, G, WIDTH = 12, 4, 8
 # 10 prompts of different lengths; the sampler holds 4 at once and refills 2 at a time
@@ -140,14 +140,8 @@ def test_bad_settings_are_refused():
 
 @pytest.mark.skipif(jax.device_count() < 2, reason="needs the fake CPU devices from tests/conftest.py")
 def test_rows_split_over_two_devices_give_the_same_stream(streamed):
-    from dapo_jax.models.sharding import shard_model
-    from dapo_jax.parallel.mesh import make_mesh
-
-    mesh = make_mesh(data=2, fsdp=1, tensor=1, devices=jax.devices()[:2])
+    mesh, graphdef, state = tiny_decoder_on_two_devices()
     with jax.set_mesh(mesh):
-        model = tiny_decoder()
-        shard_model(model, mesh)
-        graphdef, state = nnx.split(model)
         sampler = ContinuousSampler(graphdef, config(**SAMPLING), num_samples=G, slots=4, refill=2, prompt_width=WIDTH)
         chunks = list(sampler.stream(state, Source(), streamed["key"], max_prompts=len(PROMPTS)))
         assert sampler._decode._cache_size() == 1
