@@ -244,7 +244,9 @@ def train(cfg: RunConfig) -> dict:
                            key=eval_key(key), batch_size=r.gen_batch,
                            k=cfg.train.eval_k, limit=cfg.data.eval_size)
             res["eval/time_s"] = time.perf_counter() - t0
-            writer.write(step, {**res, "compilations": compile_count()})
+            # its own key: this row merges into the step's, and the end-of-run checkpoint's copies
+            # compile after the last update; `compilations` stays the training rows' count
+            writer.write(step, {**res, "eval/compilations": compile_count()})
             say(f"[dapo-jax] step {step} eval accuracy {res['eval/accuracy']:.3f}", flush=True)
             return res
 
