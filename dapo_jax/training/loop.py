@@ -244,9 +244,7 @@ def train(cfg: RunConfig) -> dict:
                            key=eval_key(key), batch_size=r.gen_batch,
                            k=cfg.train.eval_k, limit=cfg.data.eval_size)
             res["eval/time_s"] = time.perf_counter() - t0
-            # its own key: this row merges into the step's, and the end-of-run checkpoint's copies
-            # compile after the last update; `compilations` stays the training rows' count
-            writer.write(step, {**res, "eval/compilations": compile_count()})
+            writer.write(step, {**res, "eval/compilations": compile_count()})  # merges into the step's row
             say(f"[dapo-jax] step {step} eval accuracy {res['eval/accuracy']:.3f}", flush=True)
             return res
 
@@ -280,15 +278,14 @@ def train(cfg: RunConfig) -> dict:
             return np.asarray(k, bool)
 
         def collect(step: int, params, carry: Groups | None):  # one step's rollout, here or on the overlap thread
-            rounds, budget = (lambda i: sample_round(step, i, params)), r.max_gen_batches  # noqa: E731
-            if continuous is not None:  # a round = the groups that just finished; the same budget of prompts
-                rounds, budget = StreamedRounds(continuous, policy.sampler(params), stream, jax.random.fold_in(key, step),
-                                                max_prompts=r.max_gen_batches * r.gen_batch, score=score), None
-            with contextlib.closing(rounds) if budget is None else contextlib.nullcontext():
+            rounds = (lambda i: sample_round(step, i, params)) if continuous is None else StreamedRounds(  # noqa: E731
+                continuous, policy.sampler(params), stream, jax.random.fold_in(key, step),  # the groups as they finish
+                max_prompts=r.max_gen_batches * r.gen_batch, score=score)
+            with contextlib.closing(rounds) if continuous is not None else contextlib.nullcontext():
                 out = collect_groups(
                     *rollouts.watch(step, rounds, keep if objective.dynamic_sampling else None),
-                    train_batch=r.train_batch, max_gen_batches=budget, on_starvation=r.on_starvation,
-                    carry=carry, carry_surplus=r.carry_surplus,
+                    train_batch=r.train_batch, max_gen_batches=None if continuous else r.max_gen_batches,
+                    on_starvation=r.on_starvation, carry=carry, carry_surplus=r.carry_surplus,
                 )
             if group_filter is not None:  # the window after this rollout: what a checkpoint holds
                 run.group_filter = group_filter.state_dict()
