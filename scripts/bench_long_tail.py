@@ -46,7 +46,7 @@ def cot_setup(args):
     path = REPO / cfg.model.path
     tok = load_tokenizer(path)
     options = cfg.data.train.options
-    rows = cot.cot_rows("train", seed=cfg.data.seed, **options)[: cfg.rollout.gen_batch]
+    rows = cot.cot_rows("train", seed=cfg.data.seed, **options)[: args.cot_prompts or cfg.rollout.gen_batch]
     s = cfg.data.max_prompt_length
     enc = [tok.encode(r["prompt"], add_special_tokens=False) for r in rows]
     ids = np.array([[tok.pad_token_id] * (s - len(e)) + e for e in enc], np.int32)
@@ -184,6 +184,7 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--min-rows", type=int, default=8, help="rollout.compaction_min_rows")
     parser.add_argument("--prompts", type=int, default=8, help="geometric: prompts")
+    parser.add_argument("--cot-prompts", type=int, default=0, help="cot: prompts (0: the config's gen_batch, 16)")
     parser.add_argument("--group", type=int, default=8, help="geometric: G")
     parser.add_argument("--new-tokens", type=int, default=256, help="geometric: T")
     parser.add_argument("--stream-rounds", type=int, default=3, help="continuous batching: rounds of P prompts (0: skip)")
