@@ -131,8 +131,8 @@ def decode_step(
       block: the response slots being filled; the new key/value goes to `slot`.
       tokens: `[B]` int token ids, `B = P*G`.
       positions: `[B]` int RoPE positions of those tokens.
-      slot: int32 scalar, the same for every row, or `[P]`, one per prompt (continuous batching:
-        each prompt's `G` rows are at their own step).
+      slot: int32 scalar, the same for every row, or `[P]`, one per prompt (continuous batching
+        runs each row as its own prompt, `G = 1`, at its own step).
 
     Returns:
       `(logits [B, V] float32, block)` with the new keys/values written at `slot`.

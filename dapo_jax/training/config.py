@@ -104,9 +104,10 @@ class RolloutSection(_Section):
     # decoding, go on with a batch of half the size (down to compaction_min_rows); same rollout.
     compaction: bool = False
     compaction_min_rows: int = Field(default=8, ge=1)
-    # Continuous batching (dapo_jax/sampling/continuous.py): gen_batch prompt slots decoding at once,
-    # a finished group's slot refilled with the next prompt, continuous_refill at a time (None = a
-    # quarter of gen_batch, dividing it), and dynamic sampling judging the groups as they finish; one process only.
+    # Continuous batching (dapo_jax/sampling/continuous.py): gen_batch x G row slots decoding at once,
+    # finished rows refilled with the next prompts, continuous_refill prompts at a time (None = a
+    # quarter of gen_batch, dividing it), and dynamic sampling judging the groups in admission order
+    # as they complete, that many at a time; one process only.
     continuous: bool = False
     continuous_refill: int | None = Field(default=None, ge=1)
 

@@ -9,11 +9,12 @@ groups are kept; it trains on exactly `train_batch` of them. After `max_gen_batc
 either fails with a message or pads the batch with mask-0 groups (fixed shapes, no recompile).
 Surplus kept groups can be carried to the next step (their `old_logp` is their own sampler's).
 
-With continuous batching (`rollout.continuous`, `sampling/continuous.py`) a "round" is the groups
-that have just finished decoding (`StreamedRounds`): dynamic sampling judges them as they arrive and
-stops the stream once `train_batch` are kept, so no round is decoded to its end for groups it does
-not need; the groups still decoding then are dropped. The budget is the same number of prompts,
-`max_gen_batches * gen_batch`, and `gen_rounds` counts these chunks.
+With continuous batching (`rollout.continuous`, `sampling/continuous.py`) a "round" is the next
+`continuous_refill` groups to have finished decoding, in admission order (`StreamedRounds`): dynamic
+sampling judges them as they arrive and stops the stream once `train_batch` are kept (without
+dynamic sampling: once `train_batch` have arrived), so no round is decoded to its end for groups it
+does not need; the groups still decoding then are dropped. The budget is the same number of
+prompts, `max_gen_batches * gen_batch`, and `gen_rounds` counts these chunks.
 """
 
 from __future__ import annotations
@@ -108,7 +109,8 @@ def collect_groups(
     Args:
       sample_round: round index -> scored `Groups` of one generation batch, or None when there are
         no more (a `StreamedRounds` whose prompt budget is spent).
-      keep_fn: groups -> `[N]` bool keep mask; None keeps everything (no dynamic sampling, one round).
+      keep_fn: groups -> `[N]` bool keep mask; None keeps everything (no dynamic sampling: one round,
+        or a stream's rounds until `train_batch` groups).
       train_batch: groups per training batch; the result has exactly this many (padding included).
       max_gen_batches: the most rounds per step; None = until `sample_round` returns None.
       on_starvation: "fail" raises `StarvationError`; "train_on_kept" pads with `valid=False` groups.
@@ -140,7 +142,7 @@ def collect_groups(
         if keep.any():
             kept.append(fresh.take(np.flatnonzero(keep)))
             n_kept += int(keep.sum())
-        if keep_fn is None:
+        if keep_fn is None and max_gen_batches is not None:  # one round; a stream's chunks fill the batch
             break
     all_gen = Groups.concat(generated) if generated else None
     stats = _round_stats(all_gen, n_kept - (len(carry) if carry is not None else 0), rounds)

@@ -154,3 +154,7 @@ def test_a_stream_ends_the_rounds_when_it_has_no_more():
     inner.calls = 0
     with pytest.raises(StarvationError, match=r"kept 2 of the 3 .*after 3 generation rounds.*continuous"):
         collect_groups(stream, keep, train_batch=3, max_gen_batches=None)
+    # without dynamic sampling a stream's chunks fill the batch (one chunk is smaller than it)
+    inner.calls = 0
+    batch, stats, _ = collect_groups(stream, None, train_batch=4, max_gen_batches=None)
+    assert inner.calls == 2 and list(batch.prompt_ids[:, 0]) == [0, 1, 2, 3] and batch.valid.all()
