@@ -196,6 +196,7 @@ class ContinuousSampler:
             raise SamplingConfigError(f"refill must be an int in [1, slots={slots}], got {refill!r}")
         self.config, self.g, self.slots, self.refill, self.width = config, num_samples, slots, refill, prompt_width
         self.decode_calls = 0  # `_decode` calls so far (each a host round trip), for the benchmark
+        self.dropped_tokens = 0  # tokens drawn for groups the last stream's caller never received
         merged = lambda fn: lambda state, *a, **kw: fn(nnx.merge(graphdef, state), *a, **kw)  # noqa: E731
         self._empty = jax.jit(merged(lambda model: jax.tree.map(
             shard_batch, _empty(model, config, slots * num_samples, prompt_width))))
@@ -205,7 +206,7 @@ class ContinuousSampler:
                                donate_argnums=1)
 
     def stream(self, state, next_prompts: Callable[[int], tuple[np.ndarray, np.ndarray, list]], key: jax.Array,
-               *, max_prompts: int) -> Iterator[Finished]:
+               *, max_prompts: int, in_flight: Callable[[], int] | None = None) -> Iterator[Finished]:
         """Yields the groups in the order their prompts were admitted, `refill` at a time, until
         `max_prompts` prompts have been admitted and decoded (the last chunk is smaller when `refill`
         does not divide `max_prompts`).
@@ -218,7 +219,11 @@ class ContinuousSampler:
         Every chunk but the last has the same size, so what the caller computes on a chunk compiles
         once. `next_prompts(n)` returns `(ids [n, s], mask [n, s], payloads)`, left-padded, `s <=
         prompt_width`; it is called only for prompts about to be admitted. Closing the generator
-        (a `break` in the caller's loop) drops the groups still decoding.
+        (a `break` in the caller's loop) drops the groups still decoding; `dropped_tokens` then
+        counts the tokens drawn for the groups not handed out. `in_flight()`, asked before each
+        admission, caps the prompts admitted and not yet handed out (the caller's estimate of how
+        many more groups it needs; None = no cap); the prompts of the next chunk to hand out are
+        admitted whatever it says, so the stream never stalls.
         """
         g, k, b = self.g, self.refill, self.slots * self.g
         st = self._empty(state)
@@ -226,46 +231,61 @@ class ContinuousSampler:
         sample = np.zeros(b, int)  # and which of its G samples
         groups: dict[int, dict] = {}  # serial -> prompt, payload, and its rows' outputs as they complete
         admitted = handed = 0  # prompts admitted; groups handed out (serials < handed)
-        while True:
-            free = np.flatnonzero(holder < 0)
-            while admitted < max_prompts and free.size >= g and (
-                    free.size >= k * g or (max_prompts - admitted) * g <= free.size):
-                n = min(k, free.size // g, max_prompts - admitted)
-                ids, mask, payloads = next_prompts(n)
-                ids, mask = self._pad(ids, mask, n)
-                rows = np.full(k * g, b, np.int32)
-                rows[:n * g] = free[:n * g]
-                serials = np.arange(admitted, admitted + k, dtype=np.int32)
-                st = self._admit(state, st, jnp.asarray(rows), jnp.asarray(ids), jnp.asarray(mask), key,
-                                 jnp.asarray(serials))
-                for j in range(n):
-                    groups[admitted + j] = dict(ids=ids[j], mask=mask[j], payload=payloads[j], left=g,
-                                                out={name: [None] * g for name in (*_OUTPUTS, "done")})
-                    holder[free[j * g:(j + 1) * g]] = admitted + j
-                    sample[free[j * g:(j + 1) * g]] = np.arange(g)
-                admitted += n
-                free = free[n * g:]
-            complete = (holder >= 0) & ~np.asarray(jax.device_get(st.live))
-            if complete.any():  # copied out before the rows are refilled
-                self._take(st, np.flatnonzero(complete), holder, sample, groups)
-                holder[complete] = -1
-            while handed < max_prompts and all(
-                    s in groups and not groups[s]["left"] for s in range(handed, min(handed + k, max_prompts))):
-                chunk = range(handed, min(handed + k, max_prompts))
-                yield self._finished(chunk, [groups.pop(s) for s in chunk])
-                handed = chunk.stop
-            if handed == max_prompts:
-                return
-            if complete.any():
-                continue
-            # decode until a refill fits (a chunk that is ready by then is handed out then), or, with
-            # every prompt admitted, until the next chunk's rows could be complete
-            if admitted < max_prompts:
-                want = k * g - free.size
-            else:
-                want = sum(groups[s]["left"] for s in range(handed, min(handed + k, admitted)))
-            self.decode_calls += 1
-            st = self._decode(state, st, jnp.asarray(max(want, 1), jnp.int32))
+        self.dropped_tokens = 0
+
+        def room(admitted: int, handed: int) -> int:  # prompts to admit at the next refill
+            cap = max_prompts - admitted
+            if in_flight is not None:  # but always the prompts the next chunk is waiting for: no stall
+                cap = min(cap, max(in_flight() - (admitted - handed), min(handed + k, max_prompts) - admitted))
+            return max(0, min(k, cap))
+
+        try:
+            while True:
+                free = np.flatnonzero(holder < 0)
+                while 0 < (n := room(admitted, handed)) and free.size >= n * g:
+                    ids, mask, payloads = next_prompts(n)
+                    ids, mask = self._pad(ids, mask, n)
+                    rows = np.full(k * g, b, np.int32)
+                    rows[:n * g] = free[:n * g]
+                    serials = np.arange(admitted, admitted + k, dtype=np.int32)
+                    st = self._admit(state, st, jnp.asarray(rows), jnp.asarray(ids), jnp.asarray(mask), key,
+                                     jnp.asarray(serials))
+                    for j in range(n):
+                        groups[admitted + j] = dict(ids=ids[j], mask=mask[j], payload=payloads[j], left=g,
+                                                    out={name: [None] * g for name in (*_OUTPUTS, "done")})
+                        holder[free[j * g:(j + 1) * g]] = admitted + j
+                        sample[free[j * g:(j + 1) * g]] = np.arange(g)
+                    admitted += n
+                    free = free[n * g:]
+                complete = (holder >= 0) & ~np.asarray(jax.device_get(st.live))
+                if complete.any():  # copied out before the rows are refilled
+                    self._take(st, np.flatnonzero(complete), holder, sample, groups)
+                    holder[complete] = -1
+                while handed < max_prompts and all(
+                        s in groups and not groups[s]["left"] for s in range(handed, min(handed + k, max_prompts))):
+                    chunk = range(handed, min(handed + k, max_prompts))
+                    yield self._finished(chunk, [groups.pop(s) for s in chunk])
+                    handed = chunk.stop
+                if handed == max_prompts:
+                    return
+                if complete.any():
+                    continue
+                # decode until a refill fits (a chunk that is ready by then is handed out then), or, with
+                # every prompt admitted, until the next chunk's rows could be complete
+                if room(admitted, handed):
+                    want = room(admitted, handed) * g - free.size
+                else:
+                    want = sum(groups[s]["left"] for s in range(handed, min(handed + k, admitted)))
+                if not (holder >= 0).any():  # a bug, not an input: fail rather than spin
+                    raise RuntimeError(f"continuous batching stalled: nothing decoding, {admitted} admitted, "
+                                       f"{handed} handed out of {max_prompts}")
+                self.decode_calls += 1
+                st = self._decode(state, st, jnp.asarray(max(want, 1), jnp.int32))
+        except GeneratorExit:  # the caller stopped early: count the drawn tokens it never receives
+            in_flight = np.asarray(jax.device_get(st.mask))[holder >= 0].sum()
+            waiting = sum(int(np.sum(m)) for grp in groups.values() for m in grp["out"]["mask"] if m is not None)
+            self.dropped_tokens = int(in_flight) + waiting
+            raise
 
     def _pad(self, ids, mask, n: int) -> tuple[np.ndarray, np.ndarray]:
         """`[n, s]` left-padded prompts -> `[refill, S]`, padded with `pad_token_id` (extra rows: one real

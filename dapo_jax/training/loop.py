@@ -278,15 +278,19 @@ def train(cfg: RunConfig) -> dict:
             return np.asarray(k, bool)
 
         def collect(step: int, params, carry: Groups | None):  # one step's rollout, here or on the overlap thread
+            keep_fn = keep if objective.dynamic_sampling else None
             rounds = (lambda i: sample_round(step, i, params)) if continuous is None else StreamedRounds(  # noqa: E731
                 continuous, policy.sampler(params), stream, jax.random.fold_in(key, step),  # the groups as they finish
-                max_prompts=r.max_gen_batches * r.gen_batch, score=score)
+                max_prompts=r.max_gen_batches * r.gen_batch, score=score, keep_fn=keep_fn,
+                need=r.train_batch - (len(carry) if carry is not None else 0))
             with contextlib.closing(rounds) if continuous is not None else contextlib.nullcontext():
                 out = collect_groups(
-                    *rollouts.watch(step, rounds, keep if objective.dynamic_sampling else None),
+                    *rollouts.watch(step, rounds, keep_fn),
                     train_batch=r.train_batch, max_gen_batches=None if continuous else r.max_gen_batches,
                     on_starvation=r.on_starvation, carry=carry, carry_surplus=r.carry_surplus,
                 )
+            if continuous is not None:  # the tokens drawn for the groups the stop dropped
+                out[1]["stream_dropped_tokens"] = float(rounds.dropped_tokens)
             if group_filter is not None:  # the window after this rollout: what a checkpoint holds
                 run.group_filter = group_filter.state_dict()
             return out

@@ -13,7 +13,7 @@ With continuous batching (`rollout.continuous`, `sampling/continuous.py`) a "rou
 `continuous_refill` groups to have finished decoding, in admission order (`StreamedRounds`): dynamic
 sampling judges them as they arrive and stops the stream once `train_batch` are kept (without
 dynamic sampling: once `train_batch` have arrived), so no round is decoded to its end for groups it
-does not need; the groups still decoding then are dropped. The budget is the same number of
+does not need; the groups still decoding then are dropped (the loop's `stream_dropped_tokens`). The budget is the same number of
 prompts, `max_gen_batches * gen_batch`, and `gen_rounds` counts these chunks.
 """
 
@@ -205,21 +205,41 @@ def _round_stats(g: Groups | None, n_kept_fresh: int, rounds: int) -> dict:
 
 class StreamedRounds:
     """`sample_round` for `collect_groups` over a continuous-batching stream: round `i` is the `i`-th
-    set of groups to finish, scored by `score(prompts, rollout) -> Groups` (`None` once the
-    `max_prompts` prompts taken from `stream` are all decoded). `close()` drops the groups in flight."""
+    chunk of groups handed out, scored by `score(prompts, rollout) -> Groups` (`None` once the
+    `max_prompts` prompts taken from `stream` are all decoded). `close()` drops the groups in flight.
 
-    def __init__(self, sampler, params, stream, key, *, max_prompts: int, score: Callable):
+    With `need` (the groups the step still needs kept), the stream admits only as many prompts as
+    that need over the kept fraction seen so far (`keep_fn`, as dynamic sampling judges): a step
+    that stops then drops fewer groups in flight. Which groups are kept does not change: it is
+    still the first ones in admission order."""
+
+    def __init__(self, sampler, params, stream, key, *, max_prompts: int, score: Callable,
+                 need: int | None = None, keep_fn: Callable[[Groups], np.ndarray] | None = None):
         from dapo_jax.data.stream import PromptBatch
+
+        self._sampler = sampler
+        kept = judged = 0  # this stream's groups kept by `keep_fn` (all without one), and handed out
 
         def next_prompts(n: int):
             batch = stream.next_batch(n)
             return batch.input_ids, batch.attention_mask, list(batch.examples)
 
         def scored(done):
+            nonlocal kept, judged
             out = done.rollout
-            return score(PromptBatch(out.prompt_ids, out.prompt_mask, tuple(done.payloads)), out)
+            groups = score(PromptBatch(out.prompt_ids, out.prompt_mask, tuple(done.payloads)), out)
+            kept += len(groups) if keep_fn is None else int(np.sum(keep_fn(groups)))
+            judged += len(groups)
+            return groups
 
-        self._chunks = sampler.stream(params, next_prompts, key, max_prompts=max_prompts)
+        def in_flight() -> int:
+            """Groups worth decoding beyond those handed out: the `need - kept` still missing over the
+            fraction kept so far (1 before any, at least 1/10)."""
+            rate = max(kept / judged, 0.1) if judged else 1.0
+            return max(0, int(np.ceil((need - kept) / rate)))
+
+        self._chunks = sampler.stream(params, next_prompts, key, max_prompts=max_prompts,
+                                      in_flight=None if need is None else in_flight)
         self._rounds = map(scored, self._chunks)
 
     def __call__(self, i: int) -> Groups | None:
@@ -227,3 +247,9 @@ class StreamedRounds:
 
     def close(self) -> None:
         self._chunks.close()
+
+    @property
+    def dropped_tokens(self) -> int:
+        """After `close()`: tokens drawn for groups that were still decoding (or waiting for an earlier
+        group) when the step stopped the stream: work it did not use."""
+        return self._sampler.dropped_tokens

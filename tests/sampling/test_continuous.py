@@ -53,7 +53,7 @@ def streamed():
     sampler._take = spy
     chunks = list(sampler.stream(state, source, key, max_prompts=len(PROMPTS)))
     sampler._take = take
-    return dict(model=model, graphdef=graphdef, state=state, sampler=sampler, source=source, key=key, chunks=chunks,
+    return dict(dropped=sampler.dropped_tokens, model=model, graphdef=graphdef, state=state, sampler=sampler, source=source, key=key, chunks=chunks,
                 completed=completed)
 
 
@@ -84,6 +84,7 @@ def test_slots_are_refilled_two_at_a_time(streamed):
     assert streamed["source"].requests == [2, 2, 2, 2, 2]
     # handed out 2 at a time too: one shape for whatever the caller computes on a chunk
     assert [len(c.payloads) for c in streamed["chunks"]] == [2] * 5
+    assert streamed["dropped"] == 0  # a stream run to its end drops nothing
     # rows of later prompts completed before rows of earlier ones (the case the in-order hand-out is for)
     completed = streamed["completed"]
     assert sorted(completed) == sorted(list(range(len(PROMPTS))) * G) and completed != sorted(completed), completed
@@ -112,8 +113,30 @@ def test_closing_the_stream_drops_the_rest_and_nothing_recompiles(streamed):
     first = next(stream)
     stream.close()
     assert first.payloads == [0, 1] and source.next < 20  # never asked for the rest
+    # tokens drawn for the admitted groups it never handed out: some, at most all their slots
+    assert 0 < sampler.dropped_tokens <= (source.next - 2) * G * T
     for fn in (sampler._empty, sampler._admit, sampler._decode):
         assert fn._cache_size() == 1  # a second stream, other lengths and a partial refill: no new shapes
+
+
+@pytest.mark.parametrize("cap", [0, 3])
+def test_capping_the_prompts_in_flight_changes_no_group(streamed, cap):
+    """`in_flight` admits fewer prompts ahead (0: only the next chunk's), never stalls, and every
+    group is still the one its serial draws."""
+    sampler, source = streamed["sampler"], Source()
+    asked = []
+
+    def in_flight():
+        asked.append(cap)
+        return cap
+
+    chunks = list(sampler.stream(streamed["state"], source, streamed["key"], max_prompts=len(PROMPTS),
+                                 in_flight=in_flight))
+    assert asked and [c.payloads for c in chunks] == [c.payloads for c in streamed["chunks"]]
+    for ours, ref in zip(chunks, streamed["chunks"]):
+        assert_same_rollout(ref.rollout, ours.rollout)
+    if cap == 0:  # one chunk (2 prompts) at a time
+        assert source.requests == [2] * 5
 
 
 def test_a_budget_smaller_than_the_slots_and_greedy(streamed):

@@ -36,6 +36,7 @@ def test_continuous_rollouts_train_resume_and_compile_once(tiny_model_dir, tmp_p
         # chunks of continuous_refill groups, within max_gen_batches x gen_batch prompts
         assert row["generated_groups"] == 2 * row["gen_rounds"] <= r.max_gen_batches * r.gen_batch
         assert row["zero_adv_group_frac"] == 0.0  # dynamic sampling still drops zero-spread groups
+        assert 0 <= row["stream_dropped_tokens"] <= r.gen_batch * r.G * r.max_new_tokens  # at most every row's
         assert row["trained_groups"] == min(r.train_batch, round(row["kept_fraction"] * row["generated_groups"]))
     assert any(row["trained_groups"] > 0 and row["grad_norm"] > 0 for row in steps), "nothing was trained on"
     counts = [row["compilations"] for row in steps]
