@@ -110,6 +110,10 @@ class RolloutSection(_Section):
     # as they complete, that many at a time; one process only.
     continuous: bool = False
     continuous_refill: int | None = Field(default=None, ge=1)
+    # Admit only the prompts the step still needs (the groups missing over the fraction kept so
+    # far): ~40x fewer tokens drawn for dropped groups on cot_dapo, but fewer rows decoding at
+    # once, which made the rollout slower on a 2-core CPU (docs/benchmarks.md, "Ragged rollouts").
+    continuous_cap: bool = False
 
 
 class OptimSection(_Section):
@@ -264,6 +268,8 @@ class RunConfig(_Section):
              "continuous batching and rollout.compaction are alternatives: turn one off"),
             ("rollout.continuous", not (r.continuous and r.max_new_tokens < 2),
              f"continuous batching needs max_new_tokens >= 2, got {r.max_new_tokens}"),
+            ("rollout.continuous_cap", r.continuous or not r.continuous_cap,
+             "continuous_cap caps continuous batching's admissions: set rollout.continuous=true too"),
             ("rollout.continuous_refill", r.continuous_refill is None or r.gen_batch % r.continuous_refill == 0,
              f"continuous_refill={r.continuous_refill} must divide gen_batch={r.gen_batch} (groups are scored "
              f"continuous_refill at a time: one shape, one compilation)"),

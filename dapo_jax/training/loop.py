@@ -282,7 +282,7 @@ def train(cfg: RunConfig) -> dict:
             rounds = (lambda i: sample_round(step, i, params)) if continuous is None else StreamedRounds(  # noqa: E731
                 continuous, policy.sampler(params), stream, jax.random.fold_in(key, step),  # the groups as they finish
                 max_prompts=r.max_gen_batches * r.gen_batch, score=score, keep_fn=keep_fn,
-                need=r.train_batch - (len(carry) if carry is not None else 0))
+                need=r.train_batch - (len(carry) if carry is not None else 0) if r.continuous_cap else None)
             with contextlib.closing(rounds) if continuous is not None else contextlib.nullcontext():
                 out = collect_groups(
                     *rollouts.watch(step, rounds, keep_fn),

@@ -55,6 +55,17 @@ def test_continuous_rollouts_train_resume_and_compile_once(tiny_model_dir, tmp_p
         assert [x[key] for x in read_metrics(resumed) if "grad_norm" in x] == [x[key] for x in steps], key
 
 
+@pytest.mark.slow
+def test_capped_admissions_train_and_compile_once(tiny_model_dir, tmp_path, overrides_for):
+    run = tmp_path / "capped"
+    cfg = load_config(None, overrides_for(tiny_model_dir, run, **CONTINUOUS, **{"rollout.continuous_cap": "true"}))
+    train(cfg)
+    steps = [r for r in read_metrics(run) if "grad_norm" in r]
+    assert len(steps) == 2 and all(r["generated_groups"] == 2 * r["gen_rounds"] for r in steps)
+    assert all(r["trained_groups"] == min(8, round(r["kept_fraction"] * r["generated_groups"])) for r in steps)
+    assert steps[0]["compilations"] == steps[1]["compilations"]
+
+
 def test_continuous_settings_are_checked_before_the_run(tiny_model_dir, tmp_path, overrides_for):
     def load(**extra):
         return load_config(None, overrides_for(tiny_model_dir, tmp_path / "run", **{"rollout.continuous": "true", **extra}))
@@ -65,6 +76,8 @@ def test_continuous_settings_are_checked_before_the_run(tiny_model_dir, tmp_path
         load(**{"rollout.compaction": "true"})
     with pytest.raises(ConfigError, match="rollout.continuous.*max_new_tokens >= 2"):
         load(**{"rollout.max_new_tokens": 1})
+    with pytest.raises(ConfigError, match="rollout.continuous_cap"):
+        load_config(None, overrides_for(tiny_model_dir, tmp_path / "run", **{"rollout.continuous_cap": "true"}))
     with pytest.raises(ConfigError, match="rollout.continuous.*multi-process"):
         load(**{"mesh.distributed": "{coordinator: 'localhost:1234', num_processes: 2, process_id: 0}"})
     assert not (tmp_path / "run").exists()
