@@ -41,7 +41,7 @@ from flax import nnx
 from dapo_jax.models.decoder import Decoder, KVCache, positions_from_mask
 from dapo_jax.sampling.config import SamplingConfig, SamplingConfigError
 from dapo_jax.sampling.decode import (
-    PromptCache, ResponseCache, decode_step, fuse_layers, prompt_cache_from_prefill,
+    PromptCache, ResponseCache, decode_step, empty_response_cache, fuse_layers, prompt_cache_from_prefill,
 )
 from dapo_jax.sampling.processors import draw_tokens
 from dapo_jax.sampling.sampler import Rollout, is_eos, shard_batch, tempered_entropy
@@ -77,23 +77,16 @@ class Finished(NamedTuple):
 
 
 def _empty(model: Decoder, config: SamplingConfig, b: int, width: int) -> _Slots:
-    cfg = model.config
+    """`b` free row slots: an empty prompt cache of `width` slots per row and `T - 1` response slots."""
     t_max = config.max_new_tokens
-    dtype = jnp.dtype(cfg.dtype)
-    h_kv, d, n = cfg.num_key_value_heads, cfg.head_dim, t_max - 1
-    layers = range(cfg.num_hidden_layers)
-    zeros = lambda shape, dt=jnp.float32: jnp.zeros(shape, dt)  # noqa: E731
+    prompt = prompt_cache_from_prefill(KVCache.init(model.config, b, width))
+    zeros = lambda dt=jnp.float32: jnp.zeros((b, t_max), dt)  # noqa: E731
     return _Slots(
-        prompt=PromptCache(k=tuple(zeros((b, h_kv, d, width), dtype) for _ in layers),
-                           v=tuple(zeros((b, h_kv, width, d), dtype) for _ in layers),
-                           mask=zeros((b, width), bool)),
-        cache=ResponseCache(k=tuple(zeros((b, h_kv, 1, d, n), dtype) for _ in layers),
-                            v=tuple(zeros((b, h_kv, 1, n, d), dtype) for _ in layers)),
-        n_prompt=zeros((b,), jnp.int32), t=zeros((b,), jnp.int32), live=zeros((b,), bool),
-        logits=zeros((b, cfg.vocab_size)), done=zeros((b,), bool),
-        tokens=jnp.full((b, t_max), config.pad_token_id, jnp.int32), mask=zeros((b, t_max), jnp.int32),
-        logp=zeros((b, t_max)), logq=zeros((b, t_max)), entropy=zeros((b, t_max)),
-        uniforms=None if config.is_greedy else zeros((b, t_max)),
+        prompt=prompt, cache=empty_response_cache(prompt, 1, t_max - 1),
+        n_prompt=jnp.zeros((b,), jnp.int32), t=jnp.zeros((b,), jnp.int32), live=jnp.zeros((b,), bool),
+        logits=jnp.zeros((b, model.config.vocab_size), jnp.float32), done=jnp.zeros((b,), bool),
+        tokens=jnp.full((b, t_max), config.pad_token_id, jnp.int32), mask=zeros(jnp.int32),
+        logp=zeros(), logq=zeros(), entropy=zeros(), uniforms=None if config.is_greedy else zeros(),
     )
 
 
@@ -272,8 +265,8 @@ class ContinuousSampler:
                     continue
                 # decode until a refill fits (a chunk that is ready by then is handed out then), or, with
                 # every prompt admitted, until the next chunk's rows could be complete
-                if room(admitted, handed):
-                    want = room(admitted, handed) * g - free.size
+                if n := room(admitted, handed):
+                    want = n * g - free.size
                 else:
                     want = sum(groups[s]["left"] for s in range(handed, min(handed + k, admitted)))
                 if not (holder >= 0).any():  # a bug, not an input: fail rather than spin

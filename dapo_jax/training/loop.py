@@ -177,9 +177,10 @@ def train(cfg: RunConfig) -> dict:
         state = init_train_state(params, tx)
         del model, params
         scfg = sampling_config(cfg, tokenizer, model_cfg)
-        generate = make_generate(_sampler_graphdef(cfg, policy.sampler_graphdef, model_cfg), scfg, r.G)
+        sampler_graphdef = _sampler_graphdef(cfg, policy.sampler_graphdef, model_cfg)
+        generate = make_generate(sampler_graphdef, scfg, r.G)
         continuous = None if not r.continuous else ContinuousSampler(  # sampling/continuous.py
-            _sampler_graphdef(cfg, policy.sampler_graphdef, model_cfg), scfg, num_samples=r.G, slots=r.gen_batch,
+            sampler_graphdef, scfg, num_samples=r.G, slots=r.gen_batch,
             refill=r.continuous_refill or default_refill(r.gen_batch), prompt_width=max(stream.buckets))
         generate_eval = make_generate(policy.sampler_graphdef, sampling_config(cfg, tokenizer, model_cfg, eval_mode=True),
                                       cfg.train.eval_k)

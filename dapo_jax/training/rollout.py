@@ -13,8 +13,9 @@ With continuous batching (`rollout.continuous`, `sampling/continuous.py`) a "rou
 `continuous_refill` groups to have finished decoding, in admission order (`StreamedRounds`): dynamic
 sampling judges them as they arrive and stops the stream once `train_batch` are kept (without
 dynamic sampling: once `train_batch` have arrived), so no round is decoded to its end for groups it
-does not need; the groups still decoding then are dropped (the loop's `stream_dropped_tokens`). The budget is the same number of
-prompts, `max_gen_batches * gen_batch`, and `gen_rounds` counts these chunks.
+does not need; the groups still decoding then are dropped (the loop's `stream_dropped_tokens`). The
+budget is the same number of prompts, `max_gen_batches * gen_batch`, and `gen_rounds` counts these
+chunks.
 """
 
 from __future__ import annotations
@@ -228,8 +229,9 @@ class StreamedRounds:
             nonlocal kept, judged
             out = done.rollout
             groups = score(PromptBatch(out.prompt_ids, out.prompt_mask, tuple(done.payloads)), out)
-            kept += len(groups) if keep_fn is None else int(np.sum(keep_fn(groups)))
-            judged += len(groups)
+            if need is not None:  # only the cap reads the counts (collect_groups judges again)
+                kept += len(groups) if keep_fn is None else int(np.sum(keep_fn(groups)))
+                judged += len(groups)
             return groups
 
         def in_flight() -> int:

@@ -53,7 +53,8 @@ def streamed():
     sampler._take = spy
     chunks = list(sampler.stream(state, source, key, max_prompts=len(PROMPTS)))
     sampler._take = take
-    return dict(dropped=sampler.dropped_tokens, model=model, graphdef=graphdef, state=state, sampler=sampler, source=source, key=key, chunks=chunks,
+    return dict(dropped=sampler.dropped_tokens, model=model, graphdef=graphdef, state=state, sampler=sampler,
+                source=source, key=key, chunks=chunks,
                 completed=completed)
 
 

@@ -68,7 +68,8 @@ def test_capped_admissions_train_and_compile_once(tiny_model_dir, tmp_path, over
 
 def test_continuous_settings_are_checked_before_the_run(tiny_model_dir, tmp_path, overrides_for):
     def load(**extra):
-        return load_config(None, overrides_for(tiny_model_dir, tmp_path / "run", **{"rollout.continuous": "true", **extra}))
+        extra = {"rollout.continuous": "true", **extra}
+        return load_config(None, overrides_for(tiny_model_dir, tmp_path / "run", **extra))
 
     with pytest.raises(ConfigError, match="rollout.continuous_refill"):
         load(**{"rollout.continuous_refill": 3})  # does not divide gen_batch = 8
