@@ -3,6 +3,7 @@
 (Logit parity with the transformers PyTorch models lives in test_hf_io.py.)
 """
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -116,6 +117,59 @@ def test_matches_numpy_reference(name):
     real = np.asarray(mask).astype(bool)
     assert np.abs(want[real]).max() > 1.0
     np.testing.assert_allclose(got[real], want[real], atol=1e-4, rtol=0)
+
+
+def test_causal_blocks_hand_cases():
+    from dapo_jax.models.decoder import causal_blocks
+
+    assert causal_blocks(80) == [(0, 80)]  # under two blocks of 64: one block, the whole square
+    assert causal_blocks(130) == [(0, 65), (65, 130)]
+    assert causal_blocks(192) == [(0, 64), (64, 128), (128, 192)]
+    assert causal_blocks(4096) == [(i * 512, (i + 1) * 512) for i in range(8)]  # at most 8 blocks
+    assert causal_blocks(1001)[-1] == (882, 1001)  # blocks of ceil(1001 / 8) = 126
+
+
+@pytest.mark.parametrize("name", ["qwen2", "llama3"])
+def test_long_rows_in_causal_blocks_match_numpy_reference(name):
+    """S = 200 runs the cache-free attention in 3 query blocks (keys [0, hi) each): same logits as the
+    reference's full S x S attention, padding included."""
+    model = make_model(CONFIGS[name])
+    ids, mask = left_padded(b=2, s=200, seed=3, lengths=[200, 117])
+    got, want = np.asarray(full_logits(model, ids, mask)), numpy_forward(model, ids, mask)
+    real = np.asarray(mask).astype(bool)
+    np.testing.assert_allclose(got[real], want[real], atol=1e-4, rtol=0)
+
+
+def test_causal_blocks_give_one_blocks_values_and_gradients_on_packed_rows(monkeypatch):
+    """Packed rows (segments, trailing padding) of 160 tokens: the blocked attention's hidden states and
+    parameter gradients equal those of a single block over the whole square (ATTENTION_BLOCK raised)."""
+    import dapo_jax.models.decoder as decoder
+
+    model = make_model(CONFIGS["qwen3"])
+    graphdef, params = nnx.split(model, nnx.Param)
+    rng = np.random.default_rng(4)
+    segs = np.zeros((2, 160), np.int32)
+    segs[0, :70], segs[0, 70:150] = 1, 2
+    segs[1, :40], segs[1, 40:41], segs[1, 41:160] = 1, 2, 3
+    pos = np.zeros_like(segs)
+    for r in range(2):
+        for sid in range(1, segs[r].max() + 1):
+            pos[r, segs[r] == sid] = np.arange((segs[r] == sid).sum())
+    ids = jnp.asarray(np.where(segs > 0, rng.integers(1, 48, segs.shape), 0))
+    segs, pos = jnp.asarray(segs), jnp.asarray(pos)
+    weights = jnp.asarray(rng.normal(size=(2, 160, 32)), jnp.float32) * (segs > 0)[..., None]
+
+    def run(p):
+        hidden, _ = nnx.merge(graphdef, p)(ids, pos, (segs > 0).astype(jnp.int32), segment_ids=segs)
+        return jnp.sum(hidden * weights), hidden
+
+    blocked = jax.jit(jax.value_and_grad(run, has_aux=True))(params)
+    monkeypatch.setattr(decoder, "ATTENTION_BLOCK", 10 ** 6)
+    assert decoder.causal_blocks(160) == [(0, 160)]
+    whole = jax.jit(jax.value_and_grad(run, has_aux=True))(params)
+    chex.assert_trees_all_close(blocked[0][1], whole[0][1], atol=1e-5, rtol=1e-5)
+    chex.assert_trees_all_close(blocked[1], whole[1], atol=1e-4, rtol=1e-4)
+    assert float(jnp.abs(jax.tree.leaves(whole[1])[0]).max()) > 0
 
 
 def test_positions_from_mask_hand_cases():
