@@ -152,7 +152,7 @@ class Attention(nnx.Module):
         return self.o_proj(out.reshape(b * s, -1)).reshape(b, s, -1), new_kv
 
 
-ATTENTION_BLOCK = 64  # query block of the cache-free (training) attention; at most MAX_ATTENTION_BLOCKS blocks
+ATTENTION_BLOCK = 16  # smallest query block of the cache-free (training) attention; at most MAX_ATTENTION_BLOCKS blocks
 MAX_ATTENTION_BLOCKS = 8
 
 
@@ -160,8 +160,8 @@ def causal_blocks(s: int) -> list[tuple[int, int]]:
     """`[(lo, hi)]`: the S queries in blocks. Without a cache every query's keys lie at or before it (the
     mask is causal whatever else it holds: padding, segments), so block `[lo, hi)` attends to keys
     `[0, hi)` only: with n blocks the scores cover (n+1)/2n of the S x S square, the same values (the
-    keys left out are the masked ones, whose weight is exactly 0). On the main job's packed update
-    (rows of 192: 3 blocks) the attention takes 40% less time (docs/benchmarks.md, "Causal blocks")."""
+    keys left out are the masked ones, whose weight is exactly 0). The main job's packed update (rows of
+    192: 8 blocks of 24) takes a fifth less time (docs/benchmarks.md, "Causal attention blocks")."""
     n = max(1, min(MAX_ATTENTION_BLOCKS, s // ATTENTION_BLOCK))
     size = -(-s // n)
     return [(lo, min(lo + size, s)) for lo in range(0, s, size)]

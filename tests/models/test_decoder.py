@@ -122,16 +122,16 @@ def test_matches_numpy_reference(name):
 def test_causal_blocks_hand_cases():
     from dapo_jax.models.decoder import causal_blocks
 
-    assert causal_blocks(80) == [(0, 80)]  # under two blocks of 64: one block, the whole square
-    assert causal_blocks(130) == [(0, 65), (65, 130)]
-    assert causal_blocks(192) == [(0, 64), (64, 128), (128, 192)]
-    assert causal_blocks(4096) == [(i * 512, (i + 1) * 512) for i in range(8)]  # at most 8 blocks
+    assert causal_blocks(20) == [(0, 20)]  # under two blocks of 16: one block, the whole square
+    assert causal_blocks(40) == [(0, 20), (20, 40)]
+    assert causal_blocks(192) == [(i * 24, (i + 1) * 24) for i in range(8)]  # at most 8 blocks
+    assert causal_blocks(4096) == [(i * 512, (i + 1) * 512) for i in range(8)]
     assert causal_blocks(1001)[-1] == (882, 1001)  # blocks of ceil(1001 / 8) = 126
 
 
 @pytest.mark.parametrize("name", ["qwen2", "llama3"])
 def test_long_rows_in_causal_blocks_match_numpy_reference(name):
-    """S = 200 runs the cache-free attention in 3 query blocks (keys [0, hi) each): same logits as the
+    """S = 200 runs the cache-free attention in 8 query blocks (keys [0, hi) each): same logits as the
     reference's full S x S attention, padding included."""
     model = make_model(CONFIGS[name])
     ids, mask = left_padded(b=2, s=200, seed=3, lengths=[200, 117])
