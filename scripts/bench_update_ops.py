@@ -2,11 +2,17 @@
 
     python scripts/bench_update_ops.py                 # 5M bench model, one packed chunk [32, 80]
     python scripts/bench_update_ops.py --size 15m --rows 32 --length 80
+    python scripts/bench_update_ops.py --size cot --rows 32 --length 192   # the main job's model and chunk
 
 Prints, for one forward + backward of `packed_logprobs` on a packed chunk of the `scripts/bench_peers.py`
 model (random weights, segments of 10-59 tokens): the median wall time, the matmul FLOP rate (6 x
 matmul parameters x positions), and the wall time attributed to each kind of XLA op (time split
 equally among the ops running at once; `idle` = no op running between the first and last op).
+
+The chunk runs twice: with the decoder's causal query blocks (`models/decoder.causal_blocks`: a block of
+queries attends to the keys up to its end only) and with one block over the whole L x L square.
+`--size cot` is the main job's model (`dapo_jax/assets/cot_base`) on its update's chunk shape, with
+sequences of 50-189 tokens.
 
 Then the MLP alone, `[B, S, d]` activations against the same tokens flattened to `[B*S, d]`: the
 weight gradient of a projection over `[B, S, d]` contracts two axes, and XLA's CPU backend first writes
@@ -19,6 +25,7 @@ from __future__ import annotations
 import argparse
 import collections
 import glob
+import json
 import re
 import sys
 import tempfile
@@ -80,24 +87,33 @@ def op_kinds(fn, *args, runs: int = 2) -> tuple[dict, float, float]:
     return {k: v / ms for k, v in wall.most_common()}, idle / ms, (last - first) / ms
 
 
+def model_config(size: str):
+    """The bench model of that size (bench_peers.py), or `cot`: the main job's `cot_base` shape."""
+    from dapo_jax.models.config import ModelConfig
+
+    if size == "cot":
+        hf = json.loads((Path(__file__).resolve().parents[1] / "dapo_jax/assets/cot_base/config.json").read_text())
+        return ModelConfig.from_hf_dict(hf), (50, 190)
+    return ModelConfig(model_type="qwen2", vocab_size=99, tie_word_embeddings=False, **SIZES[size]), (10, 60)
+
+
 def chunk(size: str, rows: int, length: int, repeats: int) -> None:
     import jax
     import jax.numpy as jnp
     from flax import nnx
 
-    from dapo_jax.models.config import ModelConfig
-    from dapo_jax.models.decoder import Decoder
+    import dapo_jax.models.decoder as decoder
     from dapo_jax.training.packed_step import packed_logprobs
 
-    cfg = ModelConfig(model_type="qwen2", vocab_size=99, tie_word_embeddings=False, **SIZES[size])
-    graphdef, params = nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+    cfg, (short, long) = model_config(size)
+    graphdef, params = nnx.split(decoder.Decoder(cfg, rngs=nnx.Rngs(0)), nnx.Param)
     rng = np.random.default_rng(0)
     tokens = rng.integers(1, cfg.vocab_size, (rows, length)).astype(np.int32)
     segs, pos = np.zeros((rows, length), np.int32), np.zeros((rows, length), np.int32)
-    for r in range(rows):  # sequences of 10-59 tokens end to end, as pack_groups lays them
+    for r in range(rows):  # sequences of short..long-1 tokens end to end, as pack_groups lays them
         offset, seg = 0, 1
-        while offset < length - 10:
-            n = min(int(rng.integers(10, 60)), length - offset)
+        while offset < length - short:
+            n = min(int(rng.integers(short, long)), length - offset)
             segs[r, offset:offset + n], pos[r, offset:offset + n] = seg, np.arange(n)
             offset, seg = offset + n, seg + 1
 
@@ -105,23 +121,34 @@ def chunk(size: str, rows: int, length: int, repeats: int) -> None:
         logp, _ = packed_logprobs(nnx.merge(graphdef, p), tokens, segs, pos, tokens, temperature=1.0)
         return jnp.sum(logp * (segs > 0))
 
-    grad = jax.jit(jax.grad(loss))
     matmul_params = sum(x.size for path, x in jax.tree_util.tree_leaves_with_path(params)
                         if x.ndim == 2 and "embed_tokens" not in jax.tree_util.keystr(path))
+    if cfg.tie_word_embeddings:
+        matmul_params += cfg.vocab_size * cfg.hidden_size  # the tied embedding is also the output matmul
     flops = 6 * matmul_params * rows * length
-    t = median_s(grad, params, repeats=repeats)
-    kinds, idle, span = op_kinds(grad, params)
-    print(f"{size} packed chunk [{rows}, {length}] forward + backward: median {t * 1e3:.1f} ms over {repeats}, "
-          f"{flops / t / 1e9:.1f} GFLOP/s (matmuls, every position)")
-    print(f"  traced span {span:.1f} ms/run, idle {idle:.1f} ms; by op kind (wall ms/run): "
-          + ", ".join(f"{k} {v:.1f}" for k, v in list(kinds.items())[:12]))
+    default_block = decoder.ATTENTION_BLOCK
+    for name, block in (("causal blocks", default_block), ("one block", 10 ** 9)):
+        decoder.ATTENTION_BLOCK = block  # read when the chunk is traced
+        try:
+            grad = jax.jit(jax.grad(loss))
+            t = median_s(grad, params, repeats=repeats)
+            kinds, idle, span = op_kinds(grad, params)
+        finally:
+            decoder.ATTENTION_BLOCK = default_block
+        print(f"{size} packed chunk [{rows}, {length}] forward + backward, {name} "
+              f"({len(decoder.causal_blocks(length)) if block == default_block else 1} query blocks): median "
+              f"{t * 1e3:.1f} ms over {repeats}, {flops / t / 1e9:.1f} GFLOP/s (matmuls, every position), "
+              f"fill {np.mean(segs > 0):.2f}")
+        print(f"  traced span {span:.1f} ms/run, idle {idle:.1f} ms; by op kind (wall ms/run): "
+              + ", ".join(f"{k} {v:.1f}" for k, v in list(kinds.items())[:12]))
 
 
 def mlp(size: str, rows: int, length: int, repeats: int) -> None:
     import jax
     import jax.numpy as jnp
 
-    d, f = SIZES[size]["hidden_size"], SIZES[size]["intermediate_size"]
+    cfg, _ = model_config(size)
+    d, f = cfg.hidden_size, cfg.intermediate_size
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.normal(size=(rows, length, d)), jnp.float32)
     ws = [jnp.asarray(rng.normal(size=s) * 0.05, jnp.float32) for s in ((d, f), (d, f), (f, d))]
@@ -140,7 +167,7 @@ def mlp(size: str, rows: int, length: int, repeats: int) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--size", default="5m", choices=list(SIZES))
+    ap.add_argument("--size", default="5m", choices=[*SIZES, "cot"])
     ap.add_argument("--rows", type=int, default=32, help="packed rows (bench_peers: half of P*G = 64)")
     ap.add_argument("--length", type=int, default=80, help="row length (bench_peers: S + T = 80)")
     ap.add_argument("--repeats", type=int, default=7)

@@ -18,6 +18,11 @@ in one chunk) and a sequence is never split across rows. Groups are placed first
 (by their token count) into chunks, each group's sequences first-fit-decreasing into the chunk's
 rows. A sequence whose response mask is all zero carries no loss and is left out; a response mask
 must otherwise be a prefix (ones then zeros), which is what the sampler and every mask edit produce.
+
+`pack_with_tail` also allows a second, shorter chunk shape of `tail_rows` rows for what is left over:
+the groups of the last `R`-row chunk are packed again into `tail_rows`-row chunks when those take fewer
+rows. A step's token count rarely fills its last chunk; with a tail the update computes fewer empty
+positions there (two shapes, so two compilations of the update's chunk function).
 """
 
 from __future__ import annotations
@@ -121,3 +126,18 @@ def _build(placed, prompt_ids, prompt_real, plen, response_ids, rlen, rows, leng
         groups[p] = True
     return PackedChunk(tokens, segs, pos, targets, index, valid, groups)
 
+
+
+def pack_with_tail(prompt_ids, prompt_mask, response_ids, response_mask, *, rows: int, tail_rows: int,
+                   length: int) -> list[PackedChunk]:
+    """`pack_groups` into `rows`-row chunks, then the last chunk's groups again into `tail_rows`-row
+    chunks when they fit in fewer rows in all (and each of their groups fits one tail chunk)."""
+    chunks = pack_groups(prompt_ids, prompt_mask, response_ids, response_mask, rows=rows, length=length)
+    if not chunks or not 0 < tail_rows < rows:
+        return chunks
+    only_last = np.asarray(response_mask) * chunks[-1].groups[:, None, None]
+    try:
+        tail = pack_groups(prompt_ids, prompt_mask, response_ids, only_last, rows=tail_rows, length=length)
+    except ValueError:  # a group of the last chunk does not fit tail_rows rows
+        return chunks
+    return chunks[:-1] + tail if len(tail) * tail_rows < rows else chunks

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from dapo_jax.data.packing import pack_groups, sequence_lengths
+from dapo_jax.data.packing import pack_groups, pack_with_tail, sequence_lengths
 
 
 def _batch():
@@ -64,6 +64,49 @@ def test_every_token_is_packed_once_and_groups_stay_whole():
     for c in chunks:  # a chunk holds all of a group's tokens or none
         np.testing.assert_array_equal(c.valid.any(-1) | (lengths == 0), np.repeat(c.groups[:, None], G, 1) | (lengths == 0))
     assert len(chunks) < P  # the short sequences share rows
+
+
+def test_the_last_chunks_groups_move_to_a_tail_chunk_when_it_takes_fewer_rows():
+    """_batch() in chunks of 2 rows x 7: group 0 fills chunk 0, group 1 (4 tokens) alone takes chunk 1.
+    With tail_rows=1 that second chunk becomes one row, laid out as pack_groups lays it in a 1-row chunk."""
+    batch = _batch()
+    c0, c1 = pack_groups(*batch, rows=2, length=7)
+    t0, t1 = pack_with_tail(*batch, rows=2, tail_rows=1, length=7)
+    assert t0.tokens.shape == (2, 7) and t1.tokens.shape == (1, 7)
+    for a, b in zip(c0, t0):
+        np.testing.assert_array_equal(a, b)  # the full chunks are untouched
+    np.testing.assert_array_equal(t1.tokens, c1.tokens[:1])
+    np.testing.assert_array_equal(t1.index, c1.index)  # row 0 of either: the same flat positions
+    np.testing.assert_array_equal(t1.valid, c1.valid)
+    assert t1.groups.tolist() == [False, True]
+    # no tail when switched off
+    assert [c.tokens.shape[0] for c in pack_with_tail(*batch, rows=2, tail_rows=0, length=7)] == [2, 2]
+    # no tail when it takes as many rows: both groups fit one 3-row chunk, but 2-row tails need two (4 rows)
+    assert [c.tokens.shape[0] for c in pack_with_tail(*batch, rows=3, tail_rows=2, length=7)] == [3]
+    # no tail when a group does not fit it: group 0's sequences (6 and 4 tokens) need two rows of 7
+    pids, pmask, rids, rmask = batch
+    only_0 = rmask * np.array([1, 0])[:, None, None]
+    assert [c.tokens.shape[0] for c in pack_with_tail(pids, pmask, rids, only_0, rows=4, tail_rows=1, length=7)] == [4]
+
+
+def test_tails_pack_every_token_once_and_keep_groups_whole():
+    rng = np.random.default_rng(1)
+    P, G, S, T = 8, 4, 5, 9
+    for trial in range(20):
+        pmask = (np.arange(S) >= rng.integers(0, S - 1, P)[:, None]).astype(int)
+        lengths = rng.integers(0, T + 1, (P, G))
+        rmask = (np.arange(T) < lengths[..., None]).astype(np.float32)
+        pids, rids = rng.integers(1, 50, (P, S)), rng.integers(1, 50, (P, G, T))
+        chunks = pack_with_tail(pids, pmask, rids, rmask, rows=2 * G, tail_rows=G, length=S + T)
+        np.testing.assert_array_equal(np.sum([c.valid for c in chunks], axis=0), rmask)
+        assert np.sum([c.groups for c in chunks], axis=0).tolist() == (lengths.sum(1) > 0).astype(int).tolist()
+        for c in chunks:
+            flat_t = c.targets.reshape(-1)
+            for p, g, t in zip(*np.nonzero(c.valid)):
+                assert flat_t[c.index[p, g, t]] == rids[p, g, t]
+        rows = [c.tokens.shape[0] for c in chunks]
+        assert rows.count(G) <= 1 and sum(rows) <= 2 * G * len(pack_groups(pids, pmask, rids, rmask, rows=2 * G,
+                                                                              length=S + T))
 
 
 def test_errors_name_the_problem():

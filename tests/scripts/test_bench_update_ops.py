@@ -29,5 +29,14 @@ def test_op_kinds_split_the_span():
 def test_script_runs_on_a_small_chunk(capsys):
     assert bench_update_ops.main(["--size", "0.6m", "--rows", "2", "--length", "24", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
-    assert "packed chunk [2, 24] forward + backward" in out and "GFLOP/s" in out
+    assert "packed chunk [2, 24] forward + backward, causal blocks (1 query blocks)" in out and "GFLOP/s" in out
+    assert "packed chunk [2, 24] forward + backward, one block (1 query blocks)" in out
     assert "MLP [B, S, d]" in out and "MLP [B*S, d]" in out
+
+
+@pytest.mark.slow
+def test_script_runs_the_main_jobs_model_in_causal_blocks(capsys):
+    assert bench_update_ops.main(["--size", "cot", "--rows", "2", "--length", "64", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "cot packed chunk [2, 64] forward + backward, causal blocks (4 query blocks)" in out
+    assert "cot packed chunk [2, 64] forward + backward, one block (1 query blocks)" in out

@@ -13,7 +13,8 @@ from dapo_jax.models.config import ModelConfig
 from dapo_jax.models.decoder import Decoder
 from dapo_jax.objectives.registry import load_objective
 from dapo_jax.training.metrics import compile_count
-from dapo_jax.training.packed_step import default_chunk_rows, make_packed_train_step, packed_logprobs
+from dapo_jax.training.packed_step import (default_chunk_rows, default_tail_rows, make_packed_train_step,
+                                          packed_logprobs, packing_stats)
 from dapo_jax.training.train_step import Batch, init_train_state, make_train_step
 
 P, G, S, T, V = 4, 3, 5, 6, 32
@@ -93,6 +94,32 @@ def test_packed_update_equals_unpacked(name, overrides, n, m, rows):
         assert packed.packing_stats(batch)["chunks"] > n
 
 
+@pytest.mark.parametrize("tail", [0, 1, 2])
+def test_tail_chunks_change_no_result(tail):
+    """The same packed update with no tail, tails of 1 row and of 2 rows (chunks of 3): equal metrics and
+    parameters, and all equal the unpacked update."""
+    objective = load_objective("dapo")
+    batch = _fields(objective, make_batch(0))  # 3 chunks of 3 rows without a tail; 1 or 2 tails with one
+    params, tx, unpacked, _ = _steps(objective, 2, 1, G)
+    graphdef = nnx.graphdef(tiny_model())
+    packed = make_packed_train_step(graphdef, tx, optax.constant_schedule(0.1), objective=objective,
+                                    num_minibatches=2, chunk_rows=G, tail_rows=tail)
+    stats = packed.packing_stats(batch)
+    assert (stats["tail_chunks"] > 0) == (tail > 0), stats
+    state_u, met_u = unpacked(init_train_state(jax.tree.map(jnp.copy, params), tx), batch)
+    state_p, met_p = packed(init_train_state(params, tx), batch)
+    for k in met_u:
+        np.testing.assert_allclose(np.asarray(met_p[k]), np.asarray(met_u[k]), rtol=2e-5, atol=1e-6, err_msg=k)
+    for a, b in zip(jax.tree.leaves(state_u.params), jax.tree.leaves(state_p.params)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("rows,multiple,want", [(32, 1, 16), (3, 1, 2), (2, 1, 1), (1, 1, 0), (32, 3, 18),
+                                                (8, 8, 0), (12, 4, 8)])
+def test_default_tail_rows(rows, multiple, want):
+    assert default_tail_rows(rows, multiple) == want
+
+
 @pytest.mark.parametrize("mb_rows,g,multiple,want", [
     (64, 8, 1, 32),  # half the micro-batch
     (64, 8, 3, 33),  # rounded up to the batch devices
@@ -108,13 +135,17 @@ def test_default_chunk_rows(mb_rows, g, multiple, want):
 
 def test_default_chunks_are_smaller_than_a_micro_batch():
     """With no chunk_rows a mini-batch of short responses (33 real tokens of 132 positions) takes one
-    half-size chunk, not one micro-batch-sized chunk (which would compute as much as unpacked)."""
+    half-size chunk, not one micro-batch-sized chunk (which would compute as much as unpacked), and with
+    the default tail, one chunk of half that again."""
     objective = load_objective("dapo")
     batch = _fields(objective, make_batch(4, max_len=1))
     *_, packed = _steps(objective, 1, 1, None)
     stats = packed.packing_stats(batch)
     assert stats["real_tokens"] == 33 and stats["unpacked_positions"] == P * G * (S + T) == 132, stats
-    assert stats["chunks"] == 1 and stats["packed_positions"] == 66, stats
+    # the 33 tokens (3 groups of 3 two-token sequences + prompts) fill one half-height tail chunk of 3 x 11
+    assert stats["chunks"] == stats["tail_chunks"] == 1 and stats["packed_positions"] == 33, stats
+    no_tail = packing_stats(batch, 1, 1, tail_rows=0)
+    assert no_tail["chunks"] == 1 and no_tail["tail_chunks"] == 0 and no_tail["packed_positions"] == 66, no_tail
 
 
 def test_segments_attend_only_within_themselves():
@@ -155,6 +186,9 @@ def test_no_recompilation_when_lengths_change():
     short, full = _fields(objective, make_batch(4, max_len=1)), _fields(objective, make_batch(4))
     empty = _fields(objective, make_batch(5)._replace(response_mask=jnp.asarray(np.zeros((P, G, T), np.float32))))
     assert packed.packing_stats(short)["chunks"] != packed.packing_stats(full)["chunks"]
+    # the first step packs only tail chunks (2 rows), the second also full ones (3 rows): compiled at step 1
+    assert packed.packing_stats(short)["tail_chunks"] == packed.packing_stats(short)["chunks"] == 2
+    assert 0 < packed.packing_stats(full)["tail_chunks"] < packed.packing_stats(full)["chunks"]
     state, _ = packed(state, short)
     jax.block_until_ready(state)
     after_first = compile_count()
