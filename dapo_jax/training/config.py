@@ -134,6 +134,9 @@ class OptimSection(_Section):
     # responses per chunk; None = half a micro-batch's, >= G, a multiple of data*fsdp
     # (packed_step.default_chunk_rows)
     packing_rows: int | None = Field(default=None, gt=0)
+    # rows of a shorter chunk for the groups the last chunk would hold, used when it takes fewer rows;
+    # None = half of packing_rows (packed_step.default_tail_rows), 0 = none; a multiple of data*fsdp
+    packing_tail_rows: int | None = Field(default=None, ge=0)
 
 
 class LoRASection(_Section):
@@ -277,6 +280,8 @@ class RunConfig(_Section):
             ("optim.packing_rows", o.packing_rows is None or (o.packing_rows % shards == 0 and o.packing_rows >= r.G),
              f"packing_rows={o.packing_rows} must be >= G={r.G} (a chunk holds whole groups) and divisible over "
              f"the mesh's data*fsdp={shards}"),
+            ("optim.packing_tail_rows", o.packing_tail_rows is None or o.packing_tail_rows % shards == 0,
+             f"packing_tail_rows={o.packing_tail_rows} must be divisible over the mesh's data*fsdp={shards}"),
             ("critic", r.train_batch % (self.critic_optim.num_minibatches * self.critic_optim.micro_batches
                                         * shards) == 0,
              f"train_batch={r.train_batch} must split into the critic's num_minibatches x micro_batches x the "

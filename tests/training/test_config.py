@@ -78,6 +78,8 @@ def _error(tmp_path, text=None, overrides=()):
     (["objective.name=no_such_objective"], "objective"),
     (["objective.eps_high=0.1"], "eps_high"),
     (["objective.not_a_field=1"], "not_a_field"),
+    (["optim.packing_tail_rows=-1"], "optim.packing_tail_rows"),
+    (["mesh.data=2", "optim.packing_tail_rows=3"], "optim.packing_tail_rows"),
 ])
 def test_errors_name_the_key_and_file(tmp_path, overrides, key):
     assert key in _error(tmp_path, overrides=overrides)
