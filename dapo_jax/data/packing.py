@@ -127,7 +127,6 @@ def _build(placed, prompt_ids, prompt_real, plen, response_ids, rlen, rows, leng
     return PackedChunk(tokens, segs, pos, targets, index, valid, groups)
 
 
-
 def pack_with_tail(prompt_ids, prompt_mask, response_ids, response_mask, *, rows: int, tail_rows: int,
                    length: int) -> list[PackedChunk]:
     """`pack_groups` into `rows`-row chunks, then the last chunk's groups again into `tail_rows`-row

@@ -160,8 +160,9 @@ def causal_blocks(s: int) -> list[tuple[int, int]]:
     """`[(lo, hi)]`: the S queries in blocks. Without a cache every query's keys lie at or before it (the
     mask is causal whatever else it holds: padding, segments), so block `[lo, hi)` attends to keys
     `[0, hi)` only: with n blocks the scores cover (n+1)/2n of the S x S square, the same values (the
-    keys left out are the masked ones, whose weight is exactly 0). The main job's packed update (rows of
-    192: 8 blocks of 24) takes a fifth less time (docs/benchmarks.md, "Causal attention blocks")."""
+    keys left out are the masked ones, whose weight is exactly 0). On the main job's packed chunks (rows of
+    192: 8 blocks of 24) forward + backward takes a quarter less time (docs/benchmarks.md, "Causal
+    attention blocks and half-height tail chunks")."""
     n = max(1, min(MAX_ATTENTION_BLOCKS, s // ATTENTION_BLOCK))
     size = -(-s // n)
     return [(lo, min(lo + size, s)) for lo in range(0, s, size)]

@@ -159,7 +159,7 @@ def make_packed_train_step(
         p = host[2].shape[0]
         rows, length = _chunk_shape(host[0].shape[1], host[2].shape, num_minibatches * micro_batches, chunk_rows,
                                     row_length, row_multiple)
-        tail = default_tail_rows(rows, row_multiple) if tail_rows is None else tail_rows
+        tail = _tail(tail_rows, rows, row_multiple)
         carry, outs = (state.params, state.opt_state, state.step, state.skipped), []
         for idx in minibatch_prompts(p, num_minibatches, micro_batches):
             mini = select(batch, put(idx.astype(np.int32)))
@@ -203,11 +203,17 @@ def default_chunk_rows(micro_batch_rows: int, group_size: int, multiple: int = 1
 
 def default_tail_rows(rows: int, multiple: int = 1) -> int:
     """Rows of the shorter chunk: half of R, rounded up to a multiple of the batch devices (0 when that is R).
-    On the main job's update (R = 32 rows of 192, responses of 18-139 tokens) a half-height last chunk
-    takes 16% fewer positions in a simulation of its lengths (docs/benchmarks.md, "Causal attention blocks")."""
+    On the main job (R = 32 rows of 192, responses of 18-139 tokens) the update took 0.55 s with it against
+    0.72-0.74 s without (docs/benchmarks.md, "Causal attention blocks and half-height tail chunks")."""
     half = -(-rows // 2)
     tail = -(-half // multiple) * multiple
     return tail if tail < rows else 0
+
+
+def _tail(tail_rows: int | None, rows: int, multiple: int) -> int:
+    """The tail chunk's rows in use: the given ones or the default; 0 (none) unless fewer than R."""
+    tail = default_tail_rows(rows, multiple) if tail_rows is None else tail_rows
+    return tail if 0 < tail < rows else 0
 
 
 def _chunk_shape(prompt_len: int, response_shape, parts: int, rows: int | None, length: int | None,
@@ -237,7 +243,7 @@ def packing_stats(batch, num_minibatches: int, micro_batches: int, chunk_rows=No
     p, g, t = rids.shape
     rows, length = _chunk_shape(pids.shape[1], rids.shape, num_minibatches * micro_batches, chunk_rows, row_length,
                                 row_multiple)
-    tail = default_tail_rows(rows, row_multiple) if tail_rows is None else tail_rows
+    tail = _tail(tail_rows, rows, row_multiple)
     shapes = [c.tokens.shape[0] for i in minibatch_prompts(p, num_minibatches, micro_batches)
               for c in pack_with_tail(pids[i], pmask[i], rids[i], rmask[i], rows=rows, tail_rows=tail, length=length)]
     seq = (rmask > 0).sum(-1)
