@@ -54,7 +54,7 @@ def main():
     st = packing_stats(batch, 2, 1, a.rows)
     print(f"real tokens {st['real_tokens']}, unpacked positions {st['unpacked_positions']}, packed positions "
           f"{st['packed_positions']} ({st['chunks']} chunks of {a.rows or default_chunk_rows(P // 2 * G, G)} x "
-          f"{S + T} vs "
+          f"{S + T}, {st['tail_chunks']} of them half-height tails, vs "
           f"{st['unpacked_chunks']} unpacked), mean response {rlen.mean():.1f} of {T}")
     for name, step in steps.items():
         state = init_train_state(jax.tree.map(jnp.copy, params), tx)
