@@ -275,9 +275,9 @@ class ContinuousSampler:
                 self.decode_calls += 1
                 st = self._decode(state, st, jnp.asarray(max(want, 1), jnp.int32))
         except GeneratorExit:  # the caller stopped early: count the drawn tokens it never receives
-            in_flight = np.asarray(jax.device_get(st.mask))[holder >= 0].sum()
+            decoding = np.asarray(jax.device_get(st.mask))[holder >= 0].sum()
             waiting = sum(int(np.sum(m)) for grp in groups.values() for m in grp["out"]["mask"] if m is not None)
-            self.dropped_tokens = int(in_flight) + waiting
+            self.dropped_tokens = int(decoding) + waiting
             raise
 
     def _pad(self, ids, mask, n: int) -> tuple[np.ndarray, np.ndarray]:

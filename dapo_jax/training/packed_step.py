@@ -155,17 +155,18 @@ def make_packed_train_step(
         """`frozen`: weights merged with `state.params` but not trained (LoRA's base), as train_step's."""
         from dapo_jax.parallel.host import to_host
 
+        nonlocal first_call
+
         host = to_host((batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask))
         p = host[2].shape[0]
-        rows, length = _chunk_shape(host[0].shape[1], host[2].shape, num_minibatches * micro_batches, chunk_rows,
-                                    row_length, row_multiple)
-        tail = _tail(tail_rows, rows, row_multiple)
+        rows, tail, length = _chunk_shape(host[0].shape[1], host[2].shape, num_minibatches * micro_batches,
+                                          chunk_rows, tail_rows, row_length, row_multiple)
         carry, outs = (state.params, state.opt_state, state.step, state.skipped), []
         for idx in minibatch_prompts(p, num_minibatches, micro_batches):
             mini = select(batch, put(idx.astype(np.int32)))
             chunks = pack_with_tail(*(x[idx] for x in host), rows=rows, tail_rows=tail, length=length)
             stats = start(carry[0], mini, frozen)
-            for r in ({rows, tail} - {c.tokens.shape[0] for c in chunks} - {0}) if first_call[0] else ():
+            for r in ({rows, tail} - {c.tokens.shape[0] for c in chunks} - {0}) if first_call else ():
                 # every chunk shape compiles at the first step, used or not, with each mini-batch's parameter
                 # layout (the first mini-batch's come from the caller, the next from `apply`)
                 empty = tuple(put(x) for x in _empty_chunk(r, length, host[2][idx].shape))
@@ -180,11 +181,11 @@ def make_packed_train_step(
                                stats, frozen)
             carry, out = apply(carry, acc)
             outs.append(out)
-        first_call[0] = False
+        first_call = False
         params, opt_state, stp, skipped = carry
         return TrainState(params, opt_state, stp, skipped), finish(outs, skipped)
 
-    first_call = [True]
+    first_call = True
     step.packing_stats = lambda batch: packing_stats(batch, num_minibatches, micro_batches, chunk_rows, row_length,
                                                      row_multiple, tail_rows)
     return step
@@ -210,18 +211,15 @@ def default_tail_rows(rows: int, multiple: int = 1) -> int:
     return tail if tail < rows else 0
 
 
-def _tail(tail_rows: int | None, rows: int, multiple: int) -> int:
-    """The tail chunk's rows in use: the given ones or the default; 0 (none) unless fewer than R."""
-    tail = default_tail_rows(rows, multiple) if tail_rows is None else tail_rows
-    return tail if 0 < tail < rows else 0
-
-
-def _chunk_shape(prompt_len: int, response_shape, parts: int, rows: int | None, length: int | None,
-                 multiple: int) -> tuple[int, int]:
-    """(R, L) of the packed chunks: the given ones, else `default_chunk_rows` of a micro-batch (`parts` =
-    num_minibatches x micro_batches of them) and S + T."""
+def _chunk_shape(prompt_len: int, response_shape, parts: int, rows: int | None, tail_rows: int | None,
+                 length: int | None, multiple: int) -> tuple[int, int, int]:
+    """(R, tail rows, L) of the packed chunks: the given ones, else `default_chunk_rows` of a micro-batch
+    (`parts` = num_minibatches x micro_batches of them), `default_tail_rows` of R (a tail is used only
+    with fewer rows than R, else 0) and S + T."""
     p, g, t = response_shape
-    return rows or default_chunk_rows(p // parts * g, g, multiple), length or prompt_len + t
+    rows = rows or default_chunk_rows(p // parts * g, g, multiple)
+    tail = default_tail_rows(rows, multiple) if tail_rows is None else tail_rows
+    return rows, tail if 0 < tail < rows else 0, length or prompt_len + t
 
 
 def _identity(name: str):
@@ -241,9 +239,8 @@ def packing_stats(batch, num_minibatches: int, micro_batches: int, chunk_rows=No
     pids, pmask, rids, rmask = (np.asarray(x) for x in (batch.prompt_ids, batch.prompt_mask, batch.response_ids,
                                                           batch.response_mask))
     p, g, t = rids.shape
-    rows, length = _chunk_shape(pids.shape[1], rids.shape, num_minibatches * micro_batches, chunk_rows, row_length,
-                                row_multiple)
-    tail = _tail(tail_rows, rows, row_multiple)
+    rows, tail, length = _chunk_shape(pids.shape[1], rids.shape, num_minibatches * micro_batches, chunk_rows,
+                                      tail_rows, row_length, row_multiple)
     shapes = [c.tokens.shape[0] for i in minibatch_prompts(p, num_minibatches, micro_batches)
               for c in pack_with_tail(pids[i], pmask[i], rids[i], rmask[i], rows=rows, tail_rows=tail, length=length)]
     seq = (rmask > 0).sum(-1)
