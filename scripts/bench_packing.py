@@ -1,6 +1,8 @@
 """Update time packed vs unpacked on the cot_dapo shapes (P=16 prompts x G=8, S=48, T=144, 2 mini-batches)
 with the shipped cot_base model and a synthetic length distribution (prompts 10-45 tokens, responses
-uniform in [18, MAX_LEN]): the same batch through `make_train_step` and `make_packed_train_step`.
+uniform in [18, MAX_LEN]): the same batch through `make_train_step` and `make_packed_train_step` (the
+trainer's default: shared prompts, tails of multiples of R/4; and each response after its own prompt,
+with half-height tails and with none).
 
     python scripts/bench_packing.py [--max-len 100] [--repeats 3] [--rows 32]
 """
@@ -49,13 +51,21 @@ def main():
     objective = load_objective("dapo", max_response_length=T, overlong_buffer=16)
     tx, schedule = make_optimizer(OptimSection(lr=1e-5))
     kw = dict(objective=objective, num_minibatches=2, micro_batches=1)
-    steps = {"unpacked": make_train_step(graphdef, tx, schedule, **kw),
-             "packed": make_packed_train_step(graphdef, tx, schedule, chunk_rows=a.rows, **kw)}
-    st = packing_stats(batch, 2, 1, a.rows)
-    print(f"real tokens {st['real_tokens']}, unpacked positions {st['unpacked_positions']}, packed positions "
-          f"{st['packed_positions']} ({st['chunks']} chunks of {a.rows or default_chunk_rows(P // 2 * G, G)} x "
-          f"{S + T}, {st['tail_chunks']} of them half-height tails, vs "
-          f"{st['unpacked_chunks']} unpacked), mean response {rlen.mean():.1f} of {T}")
+    rows = a.rows or default_chunk_rows(P // 2 * G, G)
+    variants = {  # name: (tail step, shared prompts); the first is the trainer's default
+        "packed": (None, True),
+        "packed, own prompts, half tails": (-(-rows // 2), False),
+        "packed, own prompts, no tails": (0, False),
+    }
+    steps = {"unpacked": make_train_step(graphdef, tx, schedule, **kw)}
+    print(f"real tokens {packing_stats(batch, 2, 1, a.rows)['real_tokens']}, unpacked positions "
+          f"{P * G * (S + T)} ({2} chunks of {P // 2 * G} x {S + T}), mean response {rlen.mean():.1f} of {T}")
+    for name, (tail, share) in variants.items():
+        steps[name] = make_packed_train_step(graphdef, tx, schedule, chunk_rows=a.rows, tail_rows=tail,
+                                             share_prompts=share, **kw)
+        st = steps[name].packing_stats(batch)
+        print(f"{name}: {st['packed_tokens']} tokens laid out in {st['packed_positions']} positions "
+              f"({st['chunks']} chunks, {st['tail_chunks']} of them tails of fewer than {rows} rows x {S + T})")
     for name, step in steps.items():
         state = init_train_state(jax.tree.map(jnp.copy, params), tx)
         t0 = time.perf_counter()
@@ -69,7 +79,7 @@ def main():
             state, m = step(state, batch)
             jax.block_until_ready(state)
             times.append(time.perf_counter() - t0)
-        print(f"{name:9s} first call {first:6.2f} s, then median {np.median(times):6.2f} s over {a.repeats}; "
+        print(f"{name:32s} first call {first:6.2f} s, then median {np.median(times):6.2f} s over {a.repeats}; "
               f"loss {float(m['loss']):.6f} grad_norm {float(m['grad_norm']):.6f}")
 
 

@@ -29,7 +29,10 @@ Figures per size: median step time over `timed_steps` after `warmup_steps`, its 
 peer's step time to ours, the update's FLOP/s against a matmul peak measured in this process, and
 compilations after step 1. Update FLOPs = 6 * N_matmul * T_real + 6 * L * H * D * sum(len^2)
 (N_matmul: every weight matrix incl. lm_head, not the embedding lookup; T_real: real prompt +
-response tokens; the second term the causal attention's QK^T and AV, forward + backward).
+response tokens; the second term the causal attention's QK^T and AV, forward + backward). These are
+the workload's FLOPs, the same for every framework: our packed update lays out a group's prompt once
+per row (shared prompts) and so computes fewer; the share of the sequences' tokens it lays out is
+printed below the table.
 """
 
 from __future__ import annotations
@@ -221,7 +224,7 @@ def _run_ours(model_dir, w, info, mesh, *, packing: bool, compaction: bool) -> d
 
     texts = prompt_texts(w)
     key = jax.random.PRNGKey(w.seed)
-    step_s, gen_s, upd_s, lengths, seqs = [], [], [], [], []
+    step_s, gen_s, upd_s, lengths, seqs, laid_out = [], [], [], [], [], []
     compiles_after_1 = None
     for step in range(w.steps):
         rows = [tok.encode(t, add_special_tokens=False) for t in texts[step * w.prompts:(step + 1) * w.prompts]]
@@ -251,11 +254,16 @@ def _run_ours(model_dir, w, info, mesh, *, packing: bool, compaction: bool) -> d
         lens = rmask.sum(-1).ravel().tolist()
         lengths.append(lens)
         seqs.append([int(pmask[i // g].sum()) + int(x) for i, x in enumerate(lens)])
+        if packing:  # tokens the packed rows hold (fewer than the sequences' with shared prompts); untimed
+            laid_out.append(train_step.packing_stats(batch)["packed_tokens"])
         if step == 0:
             compiles_after_1 = compile_count()
     res = summarize(step_s, gen_s, upd_s, lengths, warmup=w.warmup_steps)
     res["update_flops_per_s"] = flops_rate(info, seqs[w.warmup_steps:], upd_s[w.warmup_steps:])
     res["compilations_after_step1"] = compile_count() - compiles_after_1
+    if laid_out:  # the update's own work: the FLOP/s above count every sequence's prompt, as for the peers
+        res["packed_token_fraction"] = float(np.sum(laid_out[w.warmup_steps:]) / np.sum(
+            [sum(x) for x in seqs[w.warmup_steps:]]))
     res["framework"] = "dapo_jax" + (" +packing" if packing else "") + (" +compaction" if compaction else "")
     return res
 
@@ -380,6 +388,10 @@ def main(argv=None) -> int:
                   f"{'mean_len':>7} {'GFLOP/s':>7} {'%peak':>6} {'compiles':>6}")
             for r in results:
                 print(fmt_row(r, best), flush=True)
+            for r in results:
+                if "packed_token_fraction" in r:
+                    print(f"  {r['framework']}: the packed rows held {100 * r['packed_token_fraction']:.1f}% of the "
+                          f"sequences' tokens (shared prompts); GFLOP/s and %peak count them all", flush=True)
             for r in results:
                 r.update(size=size, params=info["params"], peak_flops_per_s=peak, load_before=load_before)
                 emit(r)

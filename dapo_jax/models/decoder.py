@@ -251,11 +251,16 @@ class Decoder(nnx.Module):
         if not cfg.tie_word_embeddings:
             self.lm_head = _linear(cfg, cfg.hidden_size, cfg.vocab_size, False, rngs)
 
-    def __call__(self, input_ids, positions, attention_mask, cache: KVCache | None = None, segment_ids=None):
+    def __call__(self, input_ids, positions, attention_mask, cache: KVCache | None = None, segment_ids=None,
+                 branch_ids=None):
         """`input_ids`, `positions`, `attention_mask`: [B, S]. Returns (hidden [B, S, d], cache).
 
         `segment_ids` [B, S] int (optional, no cache): several sequences packed in one row; a query
-        attends only to keys of its own segment (and `attention_mask` should be `segment_ids > 0`)."""
+        attends only to keys of its own segment (and `attention_mask` should be `segment_ids > 0`).
+        `branch_ids` [B, S] int (optional, with `segment_ids`): sequences that share a prefix, laid out
+        once as prefix, branch 1, branch 2, ...: keys of branch 0 (the prefix) are seen by every later
+        query of the segment, keys of a branch b > 0 only by queries of branch b. Each branch then
+        computes what its sequence (prefix + branch) alone would, with the prefix's tokens computed once."""
         cfg = self.config
         real = attention_mask.astype(bool)
         s = input_ids.shape[1]
@@ -272,6 +277,10 @@ class Decoder(nnx.Module):
             if cache is not None:
                 raise ValueError("segment_ids (packed sequences) cannot be used with a KVCache")
             allowed = allowed & (segment_ids[:, :, None] == segment_ids[:, None, :])
+        if branch_ids is not None:
+            if segment_ids is None:
+                raise ValueError("branch_ids (shared prefixes) need segment_ids")
+            allowed = allowed & ((branch_ids[:, None, :] == 0) | (branch_ids[:, :, None] == branch_ids[:, None, :]))
         allowed = allowed | (k_idx[None, :] == q_idx[:, None])[None]
         inv_freq = rope_inv_freq(cfg)
         x = self.embed_tokens(input_ids)

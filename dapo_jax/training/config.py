@@ -134,9 +134,12 @@ class OptimSection(_Section):
     # responses per chunk; None = half a micro-batch's, >= G, a multiple of data*fsdp
     # (packed_step.default_chunk_rows)
     packing_rows: int | None = Field(default=None, gt=0)
-    # rows of a shorter chunk for the groups the last chunk would hold, used when it takes fewer rows;
-    # None = half of packing_rows (packed_step.default_tail_rows), 0 = none; a multiple of data*fsdp
+    # shorter chunks for the groups the last chunk would hold, of a multiple of this many rows, used when
+    # they take fewer rows; None = a quarter of packing_rows (packed_step.default_tail_rows), 0 = none;
+    # a multiple of data*fsdp
     packing_tail_rows: int | None = Field(default=None, ge=0)
+    # a group's responses in one packed row share one copy of their prompt (data/packing.py); same result
+    packing_share_prompts: bool = True
 
 
 class LoRASection(_Section):

@@ -186,7 +186,8 @@ def train(cfg: RunConfig) -> dict:
                                       cfg.train.eval_k)
         logprob_fn = make_logprob_fn(graphdef, temperature=scfg.logprob_temperature)
         packed = {} if not o.packing else {  # the padding-free update (training/packed_step.py)
-            "chunk_rows": o.packing_rows, "tail_rows": o.packing_tail_rows, "row_multiple": batch_divisor(mesh),
+            "chunk_rows": o.packing_rows, "tail_rows": o.packing_tail_rows, "share_prompts": o.packing_share_prompts,
+            "row_multiple": batch_divisor(mesh),
             "put": lambda x: to_global(x, batch_sharding(mesh))}
         train_step = (make_packed_train_step if o.packing else make_train_step)(
             graphdef, tx, schedule, objective=objective, num_minibatches=o.num_minibatches,

@@ -4,9 +4,11 @@
     state, metrics = step(state, batch)        # same Batch, same TrainState, same metrics as train_step
 
 Each mini-batch (the same prompts as `train_step`'s) is packed on the host (`data/packing.py`) into
-chunks of a fixed `[R, L]` shape (and a half-height `[R/2, L]` for what the last chunk would hold,
-when it fits: `data/packing.pack_with_tail`): whole groups, each (prompt, response) sequence's real tokens end to
-end in a row, attention kept within a sequence by the decoder's `segment_ids`. A jitted function
+chunks of a fixed `[R, L]` shape (and shorter ones, `[R/4, L]`, `[R/2, L]`, `[3R/4, L]`, for what the
+last chunk would hold, when they take fewer rows: `data/packing.pack_with_tail`): whole groups, each
+(prompt, response) sequence's real tokens end to end in a row, the responses of a group in one row
+after one copy of its prompt (`share_prompts`), attention kept within a sequence by the decoder's
+`segment_ids` and `branch_ids`. A jitted function
 adds one chunk's `∇loss_sum`, `loss_sum`, `den` and metrics to an accumulator; the number of chunks
 varies from step to step, so the chunks run from a host loop (one compilation whatever the count),
 then one jitted `apply_accumulated` makes the mini-batch's optimizer update.
@@ -32,17 +34,18 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from dapo_jax.data.packing import pack_with_tail
+from dapo_jax.data.packing import pack_with_tail, tail_heights
 from dapo_jax.objectives.diagnostics import combine_metrics
 from dapo_jax.parallel.mesh import jit_keeping_layout
 from dapo_jax.training.train_step import Batch, TrainState, _joined, apply_accumulated, policy_logprobs, step_metrics
 
 
-def packed_logprobs(model, tokens, segment_ids, positions, targets, *, temperature):
+def packed_logprobs(model, tokens, segment_ids, positions, targets, *, temperature, branch_ids=None):
     """log π(target) and entropy `[R, L]` at every packed position (one model call on the chunk)."""
     from dapo_jax.models.logprobs import token_logprobs
 
-    hidden, _ = model(tokens, positions, (segment_ids > 0).astype(jnp.int32), segment_ids=segment_ids)
+    hidden, _ = model(tokens, positions, (segment_ids > 0).astype(jnp.int32), segment_ids=segment_ids,
+                      branch_ids=branch_ids)
     w = model.output_embedding().astype(model.config.dtype)  # same casts as response_logprobs
     return token_logprobs(hidden.astype(w.dtype), w, targets, temperature=temperature)
 
@@ -58,7 +61,7 @@ def make_packed_train_step(
     graphdef, tx, schedule, *, objective, num_minibatches: int = 1, micro_batches: int = 1,
     temperature: float = 1.0, use_ref: bool = False, loss_terms: Callable | None = None,
     chunk_rows: int | None = None, row_length: int | None = None, put: Callable | None = None,
-    row_multiple: int = 1, tail_rows: int | None = None,
+    row_multiple: int = 1, tail_rows: int | None = None, share_prompts: bool = True,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
     """`step(state, batch) -> (state, metrics)` equal to `make_train_step`'s (to float tolerance).
 
@@ -67,8 +70,9 @@ def make_packed_train_step(
     row_length: L (default S + T, so any sequence fits).
     put: host array -> device array for the chunks (default `jnp.asarray`; the trainer lays them out
       over the mesh's batch devices, so R must be a multiple of their count, `row_multiple`).
-    tail_rows: rows of the shorter chunk shape for the leftovers (default `default_tail_rows`: R/2; 0 = none).
-      Both shapes compile at the first step, whether or not it needs the second.
+    tail_rows: the leftovers' shorter chunks are multiples of it below R (default `default_tail_rows`: R/4;
+      0 = none). Every chunk shape compiles at the first step, whether or not it is used then.
+    share_prompts: a group's responses in one row share one copy of the prompt (`data/packing.py`).
     """
     if loss_terms is None:
         from dapo_jax.objectives.loss import objective_terms as loss_terms
@@ -77,9 +81,10 @@ def make_packed_train_step(
     eda = bool(getattr(objective, "entropy_driven_advantage", False))
 
     def chunk_loss(params, mini: Batch, chunk, stats, frozen=None):
-        tokens, segs, pos, targets, index, valid, groups = chunk
+        tokens, segs, pos, targets, branches, index, valid, groups = chunk
         model = nnx.merge(graphdef, frozen, params) if frozen is not None else nnx.merge(graphdef, params)
-        logp, entropy = packed_logprobs(model, tokens, segs, pos, targets, temperature=temperature)
+        logp, entropy = packed_logprobs(model, tokens, segs, pos, targets, temperature=temperature,
+                                        branch_ids=branches)
         logp = jnp.where(valid, logp.reshape(-1)[index], 0.0)
         entropy = jnp.where(valid, entropy.reshape(-1)[index], 0.0)
         mask = mini.response_mask * groups[:, None, None].astype(mini.response_mask.dtype)
@@ -164,9 +169,10 @@ def make_packed_train_step(
         carry, outs = (state.params, state.opt_state, state.step, state.skipped), []
         for idx in minibatch_prompts(p, num_minibatches, micro_batches):
             mini = select(batch, put(idx.astype(np.int32)))
-            chunks = pack_with_tail(*(x[idx] for x in host), rows=rows, tail_rows=tail, length=length)
+            chunks = pack_with_tail(*(x[idx] for x in host), rows=rows, tail_rows=tail, length=length,
+                                    share_prompts=share_prompts)
             stats = start(carry[0], mini, frozen)
-            for r in ({rows, tail} - {c.tokens.shape[0] for c in chunks} - {0}) if first_call else ():
+            for r in ({rows, *tail_heights(rows, tail)} - {c.tokens.shape[0] for c in chunks}) if first_call else ():
                 # every chunk shape compiles at the first step, used or not, with each mini-batch's parameter
                 # layout (the first mini-batch's come from the caller, the next from `apply`)
                 empty = tuple(put(x) for x in _empty_chunk(r, length, host[2][idx].shape))
@@ -187,7 +193,7 @@ def make_packed_train_step(
 
     first_call = True
     step.packing_stats = lambda batch: packing_stats(batch, num_minibatches, micro_batches, chunk_rows, row_length,
-                                                     row_multiple, tail_rows)
+                                                     row_multiple, tail_rows, share_prompts)
     return step
 
 
@@ -203,18 +209,19 @@ def default_chunk_rows(micro_batch_rows: int, group_size: int, multiple: int = 1
 
 
 def default_tail_rows(rows: int, multiple: int = 1) -> int:
-    """Rows of the shorter chunk: half of R, rounded up to a multiple of the batch devices (0 when that is R).
-    On the main job (R = 32 rows of 192, responses of 18-139 tokens) the update took 0.55 s with it against
-    0.72-0.74 s without (docs/benchmarks.md, "Causal attention blocks and half-height tail chunks")."""
-    half = -(-rows // 2)
-    tail = -(-half // multiple) * multiple
+    """The tail chunks' height step: a quarter of R, rounded up to a multiple of the batch devices (0 when
+    that is R), so tails of R/4, R/2 and 3R/4 rows. On the main job (R = 32 rows of 192, responses of
+    18-139 tokens) half-height tails took the update from 0.72-0.74 s to 0.55 s (docs/benchmarks.md,
+    "Causal attention blocks and half-height tail chunks"), quarters ... (docs/benchmarks.md, "Shared prompts")."""
+    quarter = -(-rows // 4)
+    tail = -(-quarter // multiple) * multiple
     return tail if tail < rows else 0
 
 
 def _chunk_shape(prompt_len: int, response_shape, parts: int, rows: int | None, tail_rows: int | None,
                  length: int | None, multiple: int) -> tuple[int, int, int]:
-    """(R, tail rows, L) of the packed chunks: the given ones, else `default_chunk_rows` of a micro-batch
-    (`parts` = num_minibatches x micro_batches of them), `default_tail_rows` of R (a tail is used only
+    """(R, tail step, L) of the packed chunks: the given ones, else `default_chunk_rows` of a micro-batch
+    (`parts` = num_minibatches x micro_batches of them), `default_tail_rows` of R (tails are used only
     with fewer rows than R, else 0) and S + T."""
     p, g, t = response_shape
     rows = rows or default_chunk_rows(p // parts * g, g, multiple)
@@ -230,21 +237,25 @@ def _identity(name: str):
 
 def _empty_chunk(rows: int, length: int, shape) -> tuple:
     z = np.zeros((rows, length), np.int32)
-    return (z, z, z, z, np.zeros(shape, np.int32), np.zeros(shape, bool), np.zeros(shape[0], bool))
+    return (z, z, z, z, z, np.zeros(shape, np.int32), np.zeros(shape, bool), np.zeros(shape[0], bool))
 
 
 def packing_stats(batch, num_minibatches: int, micro_batches: int, chunk_rows=None, row_length=None,
-                  row_multiple: int = 1, tail_rows: int | None = None) -> dict:
-    """Host-side counts: real tokens, the positions the unpacked and the packed update compute, chunks."""
+                  row_multiple: int = 1, tail_rows: int | None = None, share_prompts: bool = True) -> dict:
+    """Host-side counts: real tokens (each sequence's prompt and response), the tokens laid out in the packed
+    rows (fewer with shared prompts), the positions the unpacked and the packed update compute, chunks."""
     pids, pmask, rids, rmask = (np.asarray(x) for x in (batch.prompt_ids, batch.prompt_mask, batch.response_ids,
                                                           batch.response_mask))
     p, g, t = rids.shape
     rows, tail, length = _chunk_shape(pids.shape[1], rids.shape, num_minibatches * micro_batches, chunk_rows,
                                       tail_rows, row_length, row_multiple)
-    shapes = [c.tokens.shape[0] for i in minibatch_prompts(p, num_minibatches, micro_batches)
-              for c in pack_with_tail(pids[i], pmask[i], rids[i], rmask[i], rows=rows, tail_rows=tail, length=length)]
+    chunks = [c for i in minibatch_prompts(p, num_minibatches, micro_batches)
+              for c in pack_with_tail(pids[i], pmask[i], rids[i], rmask[i], rows=rows, tail_rows=tail, length=length,
+                                      share_prompts=share_prompts)]
+    shapes = [c.tokens.shape[0] for c in chunks]
     seq = (rmask > 0).sum(-1)
     real = int(((pmask > 0).sum(-1)[:, None] * (seq > 0) + seq).sum())
-    return {"real_tokens": real, "unpacked_positions": p * g * (pids.shape[1] + t),
-            "packed_positions": sum(shapes) * length, "chunks": len(shapes), "tail_chunks": shapes.count(tail),
+    return {"real_tokens": real, "packed_tokens": sum(int((c.segment_ids > 0).sum()) for c in chunks),
+            "unpacked_positions": p * g * (pids.shape[1] + t),
+            "packed_positions": sum(shapes) * length, "chunks": len(shapes), "tail_chunks": len(shapes) - shapes.count(rows),
             "unpacked_chunks": num_minibatches * micro_batches}

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from dapo_jax.data.packing import pack_groups, pack_with_tail, sequence_lengths
+from dapo_jax.data.packing import pack_groups, pack_with_tail, sequence_lengths, tail_heights
 
 
 def _batch():
@@ -86,7 +86,86 @@ def test_the_last_chunks_groups_move_to_a_tail_chunk_when_it_takes_fewer_rows():
     # no tail when a group does not fit it: group 0's sequences (6 and 4 tokens) need two rows of 7
     pids, pmask, rids, rmask = batch
     only_0 = rmask * np.array([1, 0])[:, None, None]
-    assert [c.tokens.shape[0] for c in pack_with_tail(pids, pmask, rids, only_0, rows=4, tail_rows=1, length=7)] == [4]
+    assert [c.tokens.shape[0] for c in pack_with_tail(pids, pmask, rids, only_0, rows=2, tail_rows=1, length=7)] == [2]
+
+
+def test_tails_come_in_every_multiple_of_tail_rows_and_take_the_fewest_rows():
+    """Group 0 alone needs 2 rows of 7: with tails of multiples of 1 below 4 rows, one 2-row tail (not a
+    1-row one, which does not hold it, nor 3 rows). _batch() whole takes 3 rows of 7 (group 0's 2, group 1's
+    1): in a 3-row tail below 5 rows; below 6 rows in multiples of 2, one 4-row chunk rather than two 2-row
+    ones (4 rows too: the taller on a tie)."""
+    pids, pmask, rids, rmask = _batch()
+    only_0 = rmask * np.array([1, 0])[:, None, None]
+    assert [c.tokens.shape[0] for c in pack_with_tail(pids, pmask, rids, only_0, rows=4, tail_rows=1, length=7)] == [2]
+    assert [c.tokens.shape[0] for c in pack_with_tail(pids, pmask, rids, rmask, rows=5, tail_rows=1, length=7)] == [3]
+    assert [c.tokens.shape[0] for c in pack_with_tail(pids, pmask, rids, rmask, rows=6, tail_rows=2, length=7)] == [4]
+    assert tail_heights(32, 8) == [8, 16, 24] and tail_heights(32, 16) == [16] and tail_heights(32, 0) == []
+
+
+def test_shared_prompt_layout_matches_a_hand_built_case():
+    """Both groups in one row of 14: group 0's prompt [5, 6] once (its first token as branch 0; its last
+    token starts each branch), then group 1's [7, 8, 9] with its one response."""
+    (c,) = pack_groups(*_batch(), rows=2, length=14, share_prompts=True)
+    np.testing.assert_array_equal(c.tokens[0], [5, 6, 25, 26, 27, 28, 6, 21, 22, 7, 8, 9, 29, 0])
+    np.testing.assert_array_equal(c.segment_ids[0], [1] * 9 + [2] * 4 + [0])
+    np.testing.assert_array_equal(c.branch_ids[0], [0, 1, 1, 1, 1, 1, 2, 2, 2, 0, 0, 1, 1, 0])
+    np.testing.assert_array_equal(c.positions[0], [0, 1, 2, 3, 4, 5, 1, 2, 3, 0, 1, 2, 3, 0])
+    np.testing.assert_array_equal(c.targets[0], [6, 25, 26, 27, 28, 0, 21, 22, 0, 8, 9, 29, 0, 0])
+    np.testing.assert_array_equal(c.index[0], [[6, 7, 0, 0], [1, 2, 3, 4]])
+    np.testing.assert_array_equal(c.index[1, 0, :1], [11])
+    assert not c.segment_ids[1].any() and c.groups.all()
+    # without sharing the same row holds each response after its own copy of the prompt, one branch each
+    (u,) = pack_groups(*_batch(), rows=2, length=14)
+    np.testing.assert_array_equal(u.branch_ids[0], [0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 0, 0, 1, 1])
+
+
+def _sequences(chunk):
+    """{(row, segment, branch): (tokens, positions)} of every branch's whole sequence (its prefix + itself)."""
+    out = {}
+    for r in range(chunk.tokens.shape[0]):
+        for seg in set(chunk.segment_ids[r].tolist()) - {0}:
+            in_seg = chunk.segment_ids[r] == seg
+            prefix = in_seg & (chunk.branch_ids[r] == 0)
+            for br in set(chunk.branch_ids[r][in_seg].tolist()) - {0}:
+                sel = prefix | (in_seg & (chunk.branch_ids[r] == br))
+                out[r, seg, br] = chunk.tokens[r][sel], chunk.positions[r][sel]
+    return out
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_every_branch_reads_as_its_own_sequence(share):
+    """Random batches, with and without shared prompts: each response's prefix + branch is exactly its
+    (prompt, response) sequence with positions 0, 1, ...; its log-prob positions lie in that branch and
+    predict its tokens; every response in one chunk; sharing computes fewer positions."""
+    rng = np.random.default_rng(2)
+    P, G, S, T = 6, 4, 6, 9
+    saved = 0
+    for trial in range(10):
+        pmask = (np.arange(S) >= rng.integers(0, S - 1, P)[:, None]).astype(int)
+        lengths = rng.integers(0, T + 1, (P, G))
+        rmask = (np.arange(T) < lengths[..., None]).astype(np.float32)
+        pids, rids = rng.integers(1, 50, (P, S)), rng.integers(1, 50, (P, G, T))
+        chunks = pack_with_tail(pids, pmask, rids, rmask, rows=G, tail_rows=1, length=2 * (S + T),
+                                share_prompts=share)
+        np.testing.assert_array_equal(np.sum([c.valid for c in chunks], axis=0), rmask)
+        found = 0
+        for c in chunks:
+            seqs = _sequences(c)
+            for p, g in zip(*np.nonzero(c.valid.any(-1))):
+                n = int(lengths[p, g])
+                want = np.concatenate([pids[p][pmask[p] > 0], rids[p, g, :n]])
+                r, col = np.divmod(c.index[p, g, :n], c.tokens.shape[1])
+                assert len(set(r.tolist())) == 1 and np.all(np.diff(col) == 1)
+                key = (r[0], c.segment_ids[r[0], col[0]], c.branch_ids[r[0], col[0]])
+                toks, pos = seqs[key]
+                np.testing.assert_array_equal(toks, want)
+                np.testing.assert_array_equal(pos, np.arange(len(want)))
+                np.testing.assert_array_equal(c.targets[r, col], rids[p, g, :n])
+                found += 1
+        assert found == int((lengths > 0).sum())
+        unshared = pack_with_tail(pids, pmask, rids, rmask, rows=G, tail_rows=1, length=2 * (S + T))
+        saved += sum(int((c.segment_ids > 0).sum()) for c in unshared) - sum(int((c.segment_ids > 0).sum()) for c in chunks)
+    assert (saved > 0) if share else saved == 0
 
 
 def test_tails_pack_every_token_once_and_keep_groups_whole():

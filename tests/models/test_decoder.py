@@ -172,6 +172,36 @@ def test_causal_blocks_give_one_blocks_values_and_gradients_on_packed_rows(monke
     assert float(jnp.abs(jax.tree.leaves(whole[1])[0]).max()) > 0
 
 
+@pytest.mark.parametrize("name", ["qwen2", "llama3"])
+def test_shared_prefix_branches_match_each_sequence_alone(name):
+    """A packed row of 64 (4 query blocks): segment 1 = a prefix of 10 tokens then branches of 12 and 20,
+    segment 2 = a prefix of 5 then one branch of 10, then padding. Each branch's logits (and the
+    prefix's) equal the NumPy reference on its sequence alone (prefix + branch, positions from 0)."""
+    model = make_model(CONFIGS[name])
+    rng = np.random.default_rng(5)
+    layout = [(1, 0, 10), (1, 1, 12), (1, 2, 20), (2, 0, 5), (2, 1, 10)]  # (segment, branch, tokens)
+    segs, branches, pos = (np.zeros((1, 64), np.int32) for _ in range(3))
+    ids = np.zeros((1, 64), np.int32)
+    spans, o = {}, 0
+    for seg, br, n in layout:
+        segs[0, o:o + n], branches[0, o:o + n], ids[0, o:o + n] = seg, br, rng.integers(1, 48, n)
+        prefix = spans[(seg, 0)][1] - spans[(seg, 0)][0] if br else 0
+        pos[0, o:o + n] = prefix + np.arange(n)
+        spans[(seg, br)] = (o, o + n)
+        o += n
+    hidden, _ = model(jnp.asarray(ids), jnp.asarray(pos), jnp.asarray((segs > 0).astype(np.int32)),
+                      segment_ids=jnp.asarray(segs), branch_ids=jnp.asarray(branches))
+    got = np.asarray(model.logits(hidden))[0]
+    for seg, br, n in layout:
+        p0, p1 = spans[(seg, 0)]
+        lo, hi = spans[(seg, br)]
+        alone = ids[:, p0:p1] if br == 0 else np.concatenate([ids[:, p0:p1], ids[:, lo:hi]], 1)
+        want = numpy_forward(model, alone, np.ones_like(alone))[0]
+        np.testing.assert_allclose(got[lo:hi], want[-n:], atol=1e-4, rtol=0, err_msg=f"segment {seg} branch {br}")
+    with pytest.raises(ValueError, match="need segment_ids"):
+        model(jnp.asarray(ids), jnp.asarray(pos), jnp.ones((1, 64), jnp.int32), branch_ids=jnp.asarray(branches))
+
+
 def test_positions_from_mask_hand_cases():
     mask = jnp.array([[0, 0, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
     np.testing.assert_array_equal(positions_from_mask(mask), [[0, 0, 0, 1, 2], [0, 1, 2, 0, 0], [0, 1, 2, 3, 4]])

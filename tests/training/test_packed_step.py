@@ -94,16 +94,17 @@ def test_packed_update_equals_unpacked(name, overrides, n, m, rows):
         assert packed.packing_stats(batch)["chunks"] > n
 
 
+@pytest.mark.parametrize("share", [True, False], ids=["shared-prompts", "own-prompts"])
 @pytest.mark.parametrize("tail", [0, 1, 2])
-def test_tail_chunks_change_no_result(tail):
-    """The same packed update with no tail, tails of 1 row and of 2 rows (chunks of 3): equal metrics and
-    parameters, and all equal the unpacked update."""
+def test_tail_chunks_change_no_result(tail, share):
+    """The same packed update with no tail, tails of multiples of 1 row and of 2 rows (chunks of 3), with
+    and without shared prompts: equal metrics and parameters, and all equal the unpacked update."""
     objective = load_objective("dapo")
     batch = _fields(objective, make_batch(0))  # 3 chunks of 3 rows without a tail; 1 or 2 tails with one
     params, tx, unpacked, _ = _steps(objective, 2, 1, G)
     graphdef = nnx.graphdef(tiny_model())
     packed = make_packed_train_step(graphdef, tx, optax.constant_schedule(0.1), objective=objective,
-                                    num_minibatches=2, chunk_rows=G, tail_rows=tail)
+                                    num_minibatches=2, chunk_rows=G, tail_rows=tail, share_prompts=share)
     stats = packed.packing_stats(batch)
     assert (stats["tail_chunks"] > 0) == (tail > 0), stats
     state_u, met_u = unpacked(init_train_state(jax.tree.map(jnp.copy, params), tx), batch)
@@ -114,8 +115,8 @@ def test_tail_chunks_change_no_result(tail):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("rows,multiple,want", [(32, 1, 16), (3, 1, 2), (2, 1, 1), (1, 1, 0), (32, 3, 18),
-                                                (8, 8, 0), (12, 4, 8)])
+@pytest.mark.parametrize("rows,multiple,want", [(32, 1, 8), (3, 1, 1), (2, 1, 1), (1, 1, 0), (32, 3, 9),
+                                                (8, 8, 0), (12, 4, 4)])
 def test_default_tail_rows(rows, multiple, want):
     assert default_tail_rows(rows, multiple) == want
 
@@ -135,15 +136,23 @@ def test_default_chunk_rows(mb_rows, g, multiple, want):
 
 def test_default_chunks_are_smaller_than_a_micro_batch():
     """With no chunk_rows a mini-batch of short responses (33 real tokens of 132 positions) takes one
-    half-size chunk, not one micro-batch-sized chunk (which would compute as much as unpacked), and with
-    the default tail, one chunk of half that again."""
+    half-size chunk (6 rows), not one micro-batch-sized chunk (which would compute as much as unpacked),
+    and with the default tails (multiples of 2 rows), a shorter one."""
     objective = load_objective("dapo")
     batch = _fields(objective, make_batch(4, max_len=1))
     *_, packed = _steps(objective, 1, 1, None)
     stats = packed.packing_stats(batch)
     assert stats["real_tokens"] == 33 and stats["unpacked_positions"] == P * G * (S + T) == 132, stats
-    # the 33 tokens (3 groups of 3 two-token sequences + prompts) fill one half-height tail chunk of 3 x 11
-    assert stats["chunks"] == stats["tail_chunks"] == 1 and stats["packed_positions"] == 33, stats
+    # 3 groups of 3 one-token responses after prompts of 3, 2 and 3 tokens: groups 0 and 3 take 2 + 3 x (1 + 1)
+    # = 8 tokens in a row each; group 1's responses fill the 3 tokens left in rows 0 and 1 and a third row,
+    # each after its own copy of the prompt's first token: 8 + 8 + 3 x 3 = 25 tokens, more than a 2-row
+    # tail holds (22), so one 4-row tail of 11
+    assert stats["packed_tokens"] == 25 and stats["chunks"] == stats["tail_chunks"] == 1, stats
+    assert stats["packed_positions"] == 44, stats
+    # each response after its own prompt: the 33 tokens fill one 4-row tail as well; a 3-row tail exactly
+    alone = packing_stats(batch, 1, 1, share_prompts=False)
+    assert alone["packed_tokens"] == 33 and alone["packed_positions"] == 44, alone
+    assert packing_stats(batch, 1, 1, tail_rows=3, share_prompts=False)["packed_positions"] == 33
     no_tail = packing_stats(batch, 1, 1, tail_rows=0)
     assert no_tail["chunks"] == 1 and no_tail["tail_chunks"] == 0 and no_tail["packed_positions"] == 66, no_tail
 
@@ -183,10 +192,10 @@ def test_no_recompilation_when_lengths_change():
     params, tx, _, packed = _steps(objective, 2, 1, G)
     state = init_train_state(params, tx)
     compile_count()
-    short, full = _fields(objective, make_batch(4, max_len=1)), _fields(objective, make_batch(4))
+    short, full = _fields(objective, make_batch(4, max_len=1)), _fields(objective, make_batch(6))
     empty = _fields(objective, make_batch(5)._replace(response_mask=jnp.asarray(np.zeros((P, G, T), np.float32))))
     assert packed.packing_stats(short)["chunks"] != packed.packing_stats(full)["chunks"]
-    # the first step packs only tail chunks (2 rows), the second also full ones (3 rows): compiled at step 1
+    # the first step packs only tail chunks (1 and 2 rows), the second also full ones (3 rows): compiled at step 1
     assert packed.packing_stats(short)["tail_chunks"] == packed.packing_stats(short)["chunks"] == 2
     assert 0 < packed.packing_stats(full)["tail_chunks"] < packed.packing_stats(full)["chunks"]
     state, _ = packed(state, short)
