@@ -26,7 +26,8 @@ mean length it actually produced.
 
 Figures per size: median step time over `timed_steps` after `warmup_steps`, its breakdown
 (generate / update / host = the rest: decoding, reward, advantages, transfers), the ratio of each
-peer's step time to ours, the update's FLOP/s against a matmul peak measured in this process, and
+peer's step time to ours, the update's FLOP/s against a matmul peak measured in this process (the mean
+of the peaks measured just before and just after that run, printed in the last column), and
 compilations after step 1. Update FLOPs = 6 * N_matmul * T_real + 6 * L * H * D * sum(len^2)
 (N_matmul: every weight matrix incl. lm_head, not the embedding lookup; T_real: real prompt +
 response tokens; the second term the causal attention's QK^T and AV, forward + backward). These are
@@ -294,6 +295,14 @@ def default_python(name: str) -> str:
     return sys.executable if importlib.util.find_spec(module) is not None else ""
 
 
+def _set_peak(result: dict, before: float) -> float:
+    """Measures the matmul peak after a run, sets the run's `peak_flops_per_s` to the mean of the peaks
+    before and after it (both kept), and returns the new measurement (the next run's `before`)."""
+    after = matmul_peak()
+    result.update(peak_before=before, peak_after=after, peak_flops_per_s=(before + after) / 2)
+    return after
+
+
 # ----------------------------------------------------------------------------- report
 def add_ratios(results: list[dict]) -> float | None:
     """Each peer's `ratio_to_ours` = its median step time / the fastest dapo_jax variant's (named in
@@ -317,7 +326,8 @@ def fmt_row(r: dict, ours_step: float | None) -> str:
     frac = f"{100 * r['update_peak_fraction']:5.1f}%" if r.get("update_peak_fraction") is not None else "    -"
     comp = r.get("compilations_after_step1")
     return (f"  {r['framework']:<30} {r['step_s']:8.3f} {ratio} {r['generate_s']:8.3f} {r['update_s']:8.3f} "
-            f"{r['host_s']:8.3f} {r['mean_length']:7.2f} {flops} {frac} {'n/a' if comp is None else comp:>6}")
+            f"{r['host_s']:8.3f} {r['mean_length']:7.2f} {flops} {frac} {'n/a' if comp is None else comp:>6} "
+            f"{r['peak_flops_per_s'] / 1e9:6.1f}")
 
 
 def main(argv=None) -> int:
@@ -370,22 +380,26 @@ def main(argv=None) -> int:
             load_before = list(os.getloadavg())
             print(f"\n== {size}: {info['params']:,} parameters ({info['config']}), EOS weight "
                   f"{info['eos_weight']:.3f} for p_eos {info['p_eos_target']:.4f}", flush=True)
-            results = []
+            results, before = [], matmul_peak()
+            # each run's %peak is against the mean of the peaks measured just before and just after it:
+            # this machine's speed drifts within minutes, and one peak taken at the start misstates later runs
             for packing, compaction in variants:
                 r = run_ours(model_dir, w, info, packing=packing, compaction=compaction)
-                r["update_peak_fraction"] = r["update_flops_per_s"] / peak
+                before = _set_peak(r, before)
+                r["update_peak_fraction"] = r["update_flops_per_s"] / r["peak_flops_per_s"]
                 results.append(r)
             for name, python in peers.items():
                 r = run_peer(name, python, model_dir, w, size, args.peer_timeout)
+                before = _set_peak(r, before)
                 if "error" not in r:  # FLOP/s from the sequences each update trained on, as for ours
                     seqs, upd = r.pop("seq_lengths_per_step", None), r.pop("update_s_all", None)
                     if seqs and upd:
                         r["update_flops_per_s"] = flops_rate(info, seqs, upd)
-                        r["update_peak_fraction"] = r["update_flops_per_s"] / peak
+                        r["update_peak_fraction"] = r["update_flops_per_s"] / r["peak_flops_per_s"]
                 results.append(r)
             best = add_ratios(results)
             print(f"  {'framework':<30} {'step_s':>8} {'vs ours':>7} {'gen_s':>8} {'update_s':>8} {'host_s':>8} "
-                  f"{'mean_len':>7} {'GFLOP/s':>7} {'%peak':>6} {'compiles':>6}")
+                  f"{'mean_len':>7} {'GFLOP/s':>7} {'%peak':>6} {'compiles':>6} {'peak':>6}")
             for r in results:
                 print(fmt_row(r, best), flush=True)
             for r in results:
@@ -393,7 +407,7 @@ def main(argv=None) -> int:
                     print(f"  {r['framework']}: the packed rows held {100 * r['packed_token_fraction']:.1f}% of the "
                           f"sequences' tokens (shared prompts); GFLOP/s and %peak count them all", flush=True)
             for r in results:
-                r.update(size=size, params=info["params"], peak_flops_per_s=peak, load_before=load_before)
+                r.update(size=size, params=info["params"], start_peak_flops_per_s=peak, load_before=load_before)
                 emit(r)
                 all_results.append(r)
     if args.json:

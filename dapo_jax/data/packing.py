@@ -6,7 +6,7 @@ tokens of every (prompt, response) sequence end to end in rows of a fixed length
 fixed-shape "chunks" of `R` rows:
 
     tokens      [R, L] int32   prompt tokens then response tokens of each sequence, 0 after the last
-    segment_ids [R, L] int32   1, 2, ... per sequence within a row, 0 on padding
+    segment_ids [R, L] int32   1, 2, ... per segment (a sequence, or a group's prompt and responses) in a row, 0 on padding
     positions   [R, L] int32   0, 1, ... within each sequence (RoPE positions, as unpacked)
     targets     [R, L] int32   the next token of the same sequence (0 at a sequence's last token)
     branch_ids  [R, L] int32   0 on the prompt's tokens but its last, 1, 2, ... per response in its segment

@@ -211,8 +211,9 @@ def default_chunk_rows(micro_batch_rows: int, group_size: int, multiple: int = 1
 def default_tail_rows(rows: int, multiple: int = 1) -> int:
     """The tail chunks' height step: a quarter of R, rounded up to a multiple of the batch devices (0 when
     that is R), so tails of R/4, R/2 and 3R/4 rows. On the main job (R = 32 rows of 192, responses of
-    18-139 tokens) half-height tails took the update from 0.72-0.74 s to 0.55 s (docs/benchmarks.md,
-    "Causal attention blocks and half-height tail chunks"), quarters ... (docs/benchmarks.md, "Shared prompts")."""
+    18-139 tokens) half-height tails took the update from 0.72-0.74 s to 0.55 s, and quarter steps with shared
+    prompts to 0.50-0.52 s, for two more compilations at step 1 (docs/benchmarks.md, "Causal attention blocks
+    and half-height tail chunks", "Shared prompts and quarter-height tails")."""
     quarter = -(-rows // 4)
     tail = -(-quarter // multiple) * multiple
     return tail if tail < rows else 0

@@ -40,6 +40,10 @@ def test_quick_ours_figures_are_sane(quick, capsys):
     assert r["step_s"] == pytest.approx(sum(timed) / 2, abs=1e-3)
     assert 0 < r["update_peak_fraction"] < 1.5  # FLOPs counted on the right scale (not 100x off)
     assert r["update_flops_per_s"] == pytest.approx(r["update_peak_fraction"] * r["peak_flops_per_s"])
+    # the peak a run is measured against: the mean of those taken just before and after it
+    assert r["peak_before"] > 1e9 and r["peak_after"] > 1e9
+    assert r["peak_flops_per_s"] == pytest.approx((r["peak_before"] + r["peak_after"]) / 2)
+    assert 0 < r["packed_token_fraction"] <= 1  # shared prompts: the packed rows hold at most every token
     assert r["compilations_after_step1"] == 0  # fixed shapes: nothing compiles after the first step
     assert r["params"] == pytest.approx(6.2e5, rel=0.05)
 
