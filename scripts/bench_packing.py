@@ -58,8 +58,9 @@ def main():
         "packed, own prompts, no tails": (0, False),
     }
     steps = {"unpacked": make_train_step(graphdef, tx, schedule, **kw)}
-    print(f"real tokens {packing_stats(batch, 2, 1, a.rows)['real_tokens']}, unpacked positions "
-          f"{P * G * (S + T)} ({2} chunks of {P // 2 * G} x {S + T}), mean response {rlen.mean():.1f} of {T}")
+    st = packing_stats(batch, 2, 1, a.rows)
+    print(f"real tokens {st['real_tokens']}, unpacked positions {st['unpacked_positions']} "
+          f"({st['unpacked_chunks']} chunks of {P // 2 * G} x {S + T}), mean response {rlen.mean():.1f} of {T}")
     for name, (tail, share) in variants.items():
         steps[name] = make_packed_train_step(graphdef, tx, schedule, chunk_rows=a.rows, tail_rows=tail,
                                              share_prompts=share, **kw)

@@ -165,11 +165,12 @@ def pack_with_tail(prompt_ids, prompt_mask, response_ids, response_mask, *, rows
     when that is fewer than `rows` (and each of the groups fits one such chunk)."""
     batch = (prompt_ids, prompt_mask, response_ids)
     chunks = pack_groups(*batch, response_mask, rows=rows, length=length, share_prompts=share_prompts)
-    if not chunks or not 0 < tail_rows < rows:
+    heights = tail_heights(rows, tail_rows)
+    if not chunks or not heights:
         return chunks
     only_last = np.asarray(response_mask) * chunks[-1].groups[:, None, None]
     best, best_rows = chunks[-1:], rows
-    for height in tail_heights(rows, tail_rows)[::-1]:
+    for height in heights[::-1]:
         try:
             tail = pack_groups(*batch, only_last, rows=height, length=length, share_prompts=share_prompts)
         except ValueError:  # a group of the last chunk does not fit `height` rows
