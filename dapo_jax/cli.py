@@ -231,6 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     from dapo_jax.training.guards import RunStopped
 
     args = build_parser().parse_args(argv)
+    if args.command in ("train", "eval"):  # a rerun or resume reads its compiled programs back (compile_cache.py)
+        from dapo_jax.compile_cache import enable_compilation_cache
+
+        enable_compilation_cache()
     try:
         return args.fn(args)
     except StarvationError as e:
