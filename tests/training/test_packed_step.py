@@ -115,6 +115,34 @@ def test_tail_chunks_change_no_result(tail, share):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-7)
 
 
+def test_lora_packed_update_equals_unpacked():
+    """LoRA (the base frozen, merged in by the step's `frozen` argument): the packed update of the adapters
+    equals the unpacked one, and both leave the base alone. B starts non-zero so both A and B move."""
+    from dapo_jax.training.config import LoRASection
+    from dapo_jax.training.lora import PolicyWeights
+
+    policy, adapters = PolicyWeights.build(tiny_model(), LoRASection(rank=2, alpha=4.0), seed=0)
+    adapters = jax.tree.map(lambda x: x + 0.05 * jnp.cos(jnp.arange(x.size, dtype=x.dtype).reshape(x.shape)),
+                            adapters)
+    before = jax.tree.map(np.asarray, adapters)  # the packed step donates (overwrites) its input
+    objective = load_objective("dapo")
+    batch = _fields(objective, make_batch(1))
+    tx = optax.sgd(0.1)
+    kw = dict(objective=objective, num_minibatches=2, micro_batches=1)
+    unpacked = make_train_step(policy.graphdef, tx, optax.constant_schedule(0.1), **kw)
+    packed = make_packed_train_step(policy.graphdef, tx, optax.constant_schedule(0.1), chunk_rows=G, **kw)
+    state_u, met_u = unpacked(init_train_state(jax.tree.map(jnp.copy, adapters), tx), batch, policy.frozen)
+    state_p, met_p = packed(init_train_state(adapters, tx), batch, policy.frozen)
+    for k in met_u:
+        np.testing.assert_allclose(np.asarray(met_p[k]), np.asarray(met_u[k]), rtol=2e-5, atol=1e-6, err_msg=k)
+    moved = 0
+    for a, b, old in zip(jax.tree.leaves(state_u.params), jax.tree.leaves(state_p.params), jax.tree.leaves(before)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-7)
+        moved += int(not np.allclose(np.asarray(a), old))
+    assert moved == len(jax.tree.leaves(before))  # every adapter matrix got a gradient
+    assert float(met_u["update_applied"]) == 1.0
+
+
 @pytest.mark.parametrize("rows,multiple,want", [(32, 1, 8), (3, 1, 1), (2, 1, 1), (1, 1, 0), (32, 3, 9),
                                                 (8, 8, 0), (12, 4, 4)])
 def test_default_tail_rows(rows, multiple, want):
