@@ -314,6 +314,7 @@ def train(cfg: RunConfig) -> dict:
             if pre:
                 writer.write(0, pre)
         bar = tqdm(total=cfg.train.steps, initial=run.step, disable=not (cfg.train.progress and main), desc="train")
+        bar.set_postfix_str("the first step compiles its programs", refresh=True)  # until step 1's metrics
         while run.step < cfg.train.steps:
             step = run.step + 1
             t0 = time.perf_counter()
