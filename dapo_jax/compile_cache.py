@@ -9,6 +9,10 @@ Where it lives, first match wins:
 - `JAX_COMPILATION_CACHE_DIR` set: JAX's own setting, left as it is (the tests use it);
 - `DAPO_JAX_COMPILATION_CACHE` set: that folder, or no cache when it is empty, `0`, `off` or `none`;
 - else `$XDG_CACHE_HOME/dapo_jax/xla` (default `~/.cache/dapo_jax/xla`).
+In the last two, entries go in a subfolder named after the host's CPU (`host_tag`). XLA compiles CPU
+programs for the host's instruction set, and JAX's cache key names only the platform ("cpu"). A home
+folder shared by machines with different CPUs (NFS on a cluster) would otherwise hand one machine
+another's executable.
 
 Nothing here can change a result: the cache key is the program's HLO with the compiler's options and
 versions, so a changed program, flag or jax version compiles afresh. An entry that cannot be read
@@ -18,7 +22,9 @@ versions, so a changed program, flag or jax version compiles afresh. An entry th
 
 from __future__ import annotations
 
+import hashlib
 import os
+import platform
 import warnings
 from pathlib import Path
 
@@ -27,15 +33,27 @@ OFF = ("", "0", "off", "none", "false")
 MAX_BYTES = 2 << 30  # LRU eviction above 2 GiB (JAX's `jax_compilation_cache_max_size`)
 
 
+def host_tag(cpuinfo: str | None = None) -> str:
+    """`MACHINE-HASH`: the architecture and a hash of the CPU's feature flags (Linux `/proc/cpuinfo`)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            cpuinfo = platform.processor()
+    flags = sorted({line for line in cpuinfo.splitlines() if line.split(":")[0].strip() in ("flags", "Features")})
+    machine = platform.machine() or "unknown"
+    return f"{machine}-{hashlib.sha256(' '.join([machine, *flags]).encode()).hexdigest()[:12]}"
+
+
 def cache_dir(environ=os.environ) -> Path | None:
     """The folder this process should cache in, or None (off, or JAX's own variable decides)."""
     if environ.get("JAX_COMPILATION_CACHE_DIR"):
         return None
     if ENV in environ:
         value = environ[ENV].strip()
-        return None if value.lower() in OFF else Path(value).expanduser()
+        return None if value.lower() in OFF else Path(value).expanduser() / host_tag()
     base = environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser() / "dapo_jax" / "xla"
+    return Path(base).expanduser() / "dapo_jax" / "xla" / host_tag()
 
 
 def enable_compilation_cache(environ=os.environ) -> Path | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dapo_jax import compile_cache
-from dapo_jax.compile_cache import ENV, cache_dir, enable_compilation_cache
+from dapo_jax.compile_cache import ENV, cache_dir, enable_compilation_cache, host_tag
 
 # A child process: enable the cache as the CLI does, compile one program, print its result and the
 # cache's hits / misses (JAX's monitoring events).
@@ -47,15 +47,25 @@ def entries(cache: Path) -> list[Path]:
 
 
 def test_where_the_cache_goes():
-    home = Path.home()
-    assert cache_dir({}) == home / ".cache" / "dapo_jax" / "xla"
-    assert cache_dir({"XDG_CACHE_HOME": "/x/cache"}) == Path("/x/cache/dapo_jax/xla")
-    assert cache_dir({ENV: "/data/xla", "XDG_CACHE_HOME": "/x"}) == Path("/data/xla")
-    assert cache_dir({ENV: "~/xla"}) == home / "xla"
+    home, tag = Path.home(), host_tag()
+    assert cache_dir({}) == home / ".cache" / "dapo_jax" / "xla" / tag
+    assert cache_dir({"XDG_CACHE_HOME": "/x/cache"}) == Path("/x/cache/dapo_jax/xla") / tag
+    assert cache_dir({ENV: "/data/xla", "XDG_CACHE_HOME": "/x"}) == Path("/data/xla") / tag
+    assert cache_dir({ENV: "~/xla"}) == home / "xla" / tag
     for off in ("", "0", "off", "OFF", "none", "false"):
         assert cache_dir({ENV: off}) is None, off
     # JAX's own variable wins over ours: JAX reads it, we leave it alone
     assert cache_dir({"JAX_COMPILATION_CACHE_DIR": "/j", ENV: "/data/xla"}) is None
+
+
+def test_the_host_tag_follows_the_cpu_features():
+    avx512 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f\nprocessor\t: 1\nflags\t\t: fpu sse2 avx2 avx512f\n"
+    avx2 = "processor\t: 0\nflags\t\t: fpu sse2 avx2\n"
+    assert host_tag(avx512) != host_tag(avx2)  # another instruction set: another folder
+    assert host_tag(avx512) == host_tag(avx512.replace("processor\t: 1", "processor\t: 7"))  # core count aside
+    arm = "processor\t: 0\nFeatures\t: fp asimd sve\n"
+    assert host_tag(arm) != host_tag("processor\t: 0\nFeatures\t: fp asimd\n")
+    assert host_tag().split("-")[0] == (__import__("platform").machine() or "unknown")
 
 
 def test_an_unusable_folder_warns_and_leaves_the_cache_off(tmp_path, monkeypatch):
@@ -63,7 +73,7 @@ def test_an_unusable_folder_warns_and_leaves_the_cache_off(tmp_path, monkeypatch
     blocker.write_text("not a folder")
     set_calls = []
     monkeypatch.setattr("jax.config.update", lambda *a: set_calls.append(a))
-    with pytest.warns(RuntimeWarning, match=f"compilation cache off: cannot use {blocker / 'xla'}.*{ENV}"):
+    with pytest.warns(RuntimeWarning, match=f"compilation cache off: cannot use {blocker / 'xla' / host_tag()}.*{ENV}"):
         assert enable_compilation_cache({ENV: str(blocker / "xla")}) is None
     assert set_calls == []
 
@@ -71,17 +81,18 @@ def test_an_unusable_folder_warns_and_leaves_the_cache_off(tmp_path, monkeypatch
 def test_enable_sets_jax_config(tmp_path, monkeypatch):
     set_calls = []
     monkeypatch.setattr("jax.config.update", lambda *a: set_calls.append(a))
-    assert enable_compilation_cache({ENV: str(tmp_path / "c")}) == tmp_path / "c"
-    assert (tmp_path / "c").is_dir()
-    assert set_calls == [("jax_compilation_cache_dir", str(tmp_path / "c")),
+    folder = tmp_path / "c" / host_tag()
+    assert enable_compilation_cache({ENV: str(tmp_path / "c")}) == folder
+    assert folder.is_dir()
+    assert set_calls == [("jax_compilation_cache_dir", str(folder)),
                          ("jax_compilation_cache_max_size", compile_cache.MAX_BYTES)]
 
 
 def test_a_second_process_reads_the_program_back(tmp_path):
     first = run_child(tmp_path / "xla")
-    assert first["DIR"] == str(tmp_path / "xla")
+    assert first["DIR"] == str(tmp_path / "xla" / host_tag())
     assert int(first["HITS"]) == 0 and int(first["MISSES"]) >= 1
-    assert entries(tmp_path / "xla")
+    assert entries(tmp_path / "xla" / host_tag())
     second = run_child(tmp_path / "xla")
     assert int(second["HITS"]) >= 1 and int(second["MISSES"]) == 0
     assert second["VALUE"] == first["VALUE"]
@@ -91,7 +102,8 @@ def test_a_second_process_reads_the_program_back(tmp_path):
 def test_a_damaged_entry_recompiles_with_a_warning(tmp_path, damage):
     cache = tmp_path / "xla"
     first = run_child(cache)
-    for path in entries(cache):
+    assert entries(cache / host_tag())
+    for path in entries(cache / host_tag()):
         data = bytearray(path.read_bytes())
         if damage == "flip":  # bytes flipped in the middle of the compressed executable
             mid = len(data) // 2
