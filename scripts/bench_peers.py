@@ -27,8 +27,9 @@ mean length it actually produced.
 Figures per size: median step time over `timed_steps` after `warmup_steps`, its breakdown
 (generate / update / host = the rest: decoding, reward, advantages, transfers), the ratio of each
 peer's step time to ours, the update's FLOP/s against a matmul peak measured in this process (the mean
-of the peaks measured just before and just after that run, printed in the last column), and
-compilations after step 1. Update FLOPs = 6 * N_matmul * T_real + 6 * L * H * D * sum(len^2)
+of the peaks measured just before and just after that run, printed in the `peak` column),
+compilations after step 1, and the first step's time (`1st_step`: ours includes XLA's compilation of
+every program; the peers have their own warm-up). Update FLOPs = 6 * N_matmul * T_real + 6 * L * H * D * sum(len^2)
 (N_matmul: every weight matrix incl. lm_head, not the embedding lookup; T_real: real prompt +
 response tokens; the second term the causal attention's QK^T and AV, forward + backward). These are
 the workload's FLOPs, the same for every framework: our packed update lays out a group's prompt once
@@ -327,7 +328,7 @@ def fmt_row(r: dict, ours_step: float | None) -> str:
     comp = r.get("compilations_after_step1")
     return (f"  {r['framework']:<30} {r['step_s']:8.3f} {ratio} {r['generate_s']:8.3f} {r['update_s']:8.3f} "
             f"{r['host_s']:8.3f} {r['mean_length']:7.2f} {flops} {frac} {'n/a' if comp is None else comp:>6} "
-            f"{r['peak_flops_per_s'] / 1e9:6.1f}")
+            f"{r['peak_flops_per_s'] / 1e9:6.1f} {r['step_s_all'][0]:8.2f}")
 
 
 def main(argv=None) -> int:
@@ -399,7 +400,7 @@ def main(argv=None) -> int:
                 results.append(r)
             best = add_ratios(results)
             print(f"  {'framework':<30} {'step_s':>8} {'vs ours':>7} {'gen_s':>8} {'update_s':>8} {'host_s':>8} "
-                  f"{'mean_len':>7} {'GFLOP/s':>7} {'%peak':>6} {'compiles':>6} {'peak':>6}")
+                  f"{'mean_len':>7} {'GFLOP/s':>7} {'%peak':>6} {'compiles':>6} {'peak':>6} {'1st_step':>8}")
             for r in results:
                 print(fmt_row(r, best), flush=True)
             for r in results:

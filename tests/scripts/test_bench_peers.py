@@ -46,6 +46,9 @@ def test_quick_ours_figures_are_sane(quick, capsys):
     assert 0 < r["packed_token_fraction"] <= 1  # shared prompts: the packed rows hold at most every token
     assert r["compilations_after_step1"] == 0  # fixed shapes: nothing compiles after the first step
     assert r["params"] == pytest.approx(6.2e5, rel=0.05)
+    # the table's last column: the first step, compilation included (longer than a warm one)
+    assert bench_peers.fmt_row(r, r["step_s"]).split()[-1] == f"{r['step_s_all'][0]:.2f}"
+    assert r["step_s_all"][0] > r["step_s"]
 
 
 def test_ratios_are_computed_from_the_figures():
