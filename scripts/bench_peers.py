@@ -135,12 +135,12 @@ def flops_rate(info: dict, seqs_per_step: list[list[int]], update_s: list[float]
     return float(np.median([update_flops(info, seqs) / u for seqs, u in zip(seqs_per_step, update_s)]))
 
 
-def matmul_peak(n: int = 1024, repeats: int = 5) -> float:
-    """Best f32 FLOP/s of an n x n x n jnp.dot in this process."""
+def matmul_peak(n: int = 1024, repeats: int = 5, dtype: str = "float32") -> float:
+    """Best FLOP/s of an n x n x n jnp.dot in this process (f32 unless `dtype` says otherwise)."""
     import jax
     import jax.numpy as jnp
 
-    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.dtype(dtype))
     f = jax.jit(lambda x, y: x @ y)
     f(a, a).block_until_ready()
     best = float("inf")
