@@ -17,7 +17,8 @@ another's executable.
 Nothing here can change a result: the cache key is the program's HLO with the compiler's options and
 versions, so a changed program, flag or jax version compiles afresh. An entry that cannot be read
 (a truncated or corrupted file) makes JAX warn and compile instead. The folder is kept under
-`MAX_BYTES` by evicting the least recently used entries.
+`MAX_BYTES` by evicting the least recently used entries. Every program is kept, not only those that
+took JAX's default 1 s to compile (unless `JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS` says otherwise).
 """
 
 from __future__ import annotations
@@ -76,4 +77,8 @@ def enable_compilation_cache(environ=os.environ) -> Path | None:
 
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
+    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in environ:
+        # every program, not only those over JAX's default 1 s: the main job's 44 smaller ones took 6 s
+        # to compile, and a warm three-step job ran 3 s faster with them cached (docs/benchmarks.md)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     return path

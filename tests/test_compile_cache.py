@@ -33,8 +33,10 @@ CHILD = textwrap.dedent("""
 
 
 def run_child(cache: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
-    env.update({ENV: str(cache), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PLATFORMS": "cpu"})
+    # as a user's shell: none of the JAX cache variables the test suite sets (tests/conftest.py), so the
+    # program (compiled in well under JAX's default 1 s threshold) is cached only because we lower it
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))}
+    env.update({ENV: str(cache), "JAX_PLATFORMS": "cpu"})
     out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     fields = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
@@ -85,7 +87,11 @@ def test_enable_sets_jax_config(tmp_path, monkeypatch):
     assert enable_compilation_cache({ENV: str(tmp_path / "c")}) == folder
     assert folder.is_dir()
     assert set_calls == [("jax_compilation_cache_dir", str(folder)),
-                         ("jax_compilation_cache_max_size", compile_cache.MAX_BYTES)]
+                         ("jax_compilation_cache_max_size", compile_cache.MAX_BYTES),
+                         ("jax_persistent_cache_min_compile_time_secs", 0.0)]
+    set_calls.clear()  # JAX's own variable for the threshold is left to JAX
+    enable_compilation_cache({ENV: str(tmp_path / "c"), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "2"})
+    assert [name for name, _ in set_calls] == ["jax_compilation_cache_dir", "jax_compilation_cache_max_size"]
 
 
 def test_a_second_process_reads_the_program_back(tmp_path):
