@@ -7,8 +7,9 @@
 The model is Qwen2.5-0.5B's config.json (`bench_step_memory.QWEN25_05B`) with random weights: bf16
 compute, float32 master weights, `remat: dots_saveable`, as `configs/qwen2.5-0.5b-gsm8k-dapo.yaml`.
 Each phase runs in a process of its own, so its peak memory is its own:
-- `train`: one DAPO update (`make_packed_train_step`, as the loop builds it) on `--prompts` prompts of
-  `--prompt-len` tokens x G = `--group` responses of ragged lengths (uniform in 1..`--train-new-tokens`),
+- `train`: one DAPO update (`make_packed_train_step`, as the loop builds it, in `--micro-batches` micro-batches
+  as the recipe's 4) on `--prompts` prompts of `--prompt-len` tokens x G = `--group` responses of ragged
+  lengths (uniform in 1..`--train-new-tokens`),
   the median of `--steps` timed steps after one untimed. MFU = model FLOPs / step time / the device's
   dense bf16 peak (`NOMINAL_PEAKS`, by `device_kind`; none on a CPU). Model FLOPs = 6 x matmul
   parameters (the LM head included) x the tokens the packed rows lay out + causal attention
@@ -120,7 +121,8 @@ def phase_train(args, cfg, mesh) -> dict:
         pids_j, pmask_j, rids_j, rmask_j, adv_j = put((pids, pmask, rids, rmask, adv))
         old_logp, _ = make_logprob_fn(graphdef, temperature=1.0)(params, pids_j, pmask_j, rids_j, rmask_j)
         batch = Batch(pids_j, pmask_j, rids_j, rmask_j.astype(jnp.float32), old_logp, adv_j, jnp.zeros_like(old_logp))
-        step = make_packed_train_step(graphdef, tx, schedule, objective=objective, put=put)
+        step = make_packed_train_step(graphdef, tx, schedule, objective=objective, put=put,
+                                      micro_batches=args.micro_batches)
         times = []
         for i in range(args.steps + 1):
             t0 = time.perf_counter()
@@ -189,7 +191,8 @@ def run_phase(args) -> dict:
 def child_argv(args, phase: str) -> list[str]:
     out = [sys.executable, __file__, "--phase", phase, "--steps", str(args.steps), "--prompts", str(args.prompts),
            "--group", str(args.group), "--prompt-len", str(args.prompt_len), "--train-new-tokens",
-           str(args.train_new_tokens), "--decode-prompts", str(args.decode_prompts)]
+           str(args.train_new_tokens), "--micro-batches", str(args.micro_batches), "--decode-prompts",
+           str(args.decode_prompts)]
     return out + (["--quick"] if args.quick else [])
 
 
@@ -204,11 +207,14 @@ def main(argv=None) -> int:
     parser.add_argument("--group", type=int, default=16, help="G, for the update and for decoding")
     parser.add_argument("--prompt-len", dest="prompt_len", type=int, default=128)
     parser.add_argument("--train-new-tokens", dest="train_new_tokens", type=int, default=512)
+    parser.add_argument("--micro-batches", dest="micro_batches", type=int, default=4,
+                        help="train: micro-batches of the update (the 0.5B recipe's 4; chunks of half of one)")
     parser.add_argument("--decode-prompts", dest="decode_prompts", type=int, default=1)
     parser.add_argument("--json", help="append each phase's result as a JSON line to this file")
     args = parser.parse_args(argv)
     if args.quick:
         args.prompts, args.group, args.prompt_len, args.train_new_tokens, args.steps = 2, 4, 16, 32, 2
+        args.micro_batches = 2
     if args.phase:
         print(RESULT_TAG + json.dumps(run_phase(args)), flush=True)
         return 0
