@@ -115,11 +115,23 @@ def maybe_initialize_distributed(
     return True
 
 
+def committed(tree):
+    """`tree` with every uncommitted array placed on its device for good (`jax.device_put` to its own
+    sharding; the committed ones are returned as they are). A jitted function compiles once for
+    uncommitted arguments and once more for committed ones. Its outputs are committed, so a state fed
+    back to it would compile a second time at step 2. This happens with parameters from a plain
+    `nnx.split(model)` made without a mesh."""
+    if all(getattr(x, "committed", True) for x in jax.tree.leaves(tree)):
+        return tree
+    return jax.tree.map(lambda x: jax.device_put(x, x.sharding) if not getattr(x, "committed", True) else x, tree)
+
+
 class jit_keeping_layout:  # noqa: N801 - used like jax.jit
     """`jax.jit(fn)` for `fn(state, ...) -> (new_state, aux)` whose `new_state` keeps the layout of the
     first call's `state` (its leaves' shardings): left to itself XLA may pick another output layout
     (e.g. an fsdp-sharded weight comes back transposed over the mesh), and the next call, and every
-    other program that takes the state (the sampler), compiles again for it."""
+    other program that takes the state (the sampler), compiles again for it. The state is `committed`
+    first, so a state that came in uncommitted does not compile again when it comes back."""
 
     def __init__(self, fn, *, donate_argnums=0):
         self.fn, self.donate_argnums, self._jitted = fn, donate_argnums, None
@@ -131,6 +143,7 @@ class jit_keeping_layout:  # noqa: N801 - used like jax.jit
         return self._jitted
 
     def __call__(self, state, *args, **kwargs):
+        state = committed(state)
         return self._for(state)(state, *args, **kwargs)
 
     def lower(self, state, *args, **kwargs):

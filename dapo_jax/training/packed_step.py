@@ -36,7 +36,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from dapo_jax.data.packing import pack_with_tail, tail_heights
 from dapo_jax.objectives.diagnostics import combine_metrics
-from dapo_jax.parallel.mesh import jit_keeping_layout
+from dapo_jax.parallel.mesh import committed, jit_keeping_layout
 from dapo_jax.training.train_step import Batch, TrainState, _joined, apply_accumulated, policy_logprobs, step_metrics
 
 
@@ -162,6 +162,7 @@ def make_packed_train_step(
 
         nonlocal first_call
 
+        state = committed(state)  # the chunks compile for the layout `apply` hands back (parallel/mesh.py)
         host = to_host((batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask))
         p = host[2].shape[0]
         rows, tail, length = _chunk_shape(host[0].shape[1], host[2].shape, num_minibatches * micro_batches,

@@ -109,3 +109,15 @@ def test_already_initialized_is_a_no_op(no_cluster_env, monkeypatch):
     monkeypatch.setattr(mesh_lib.jax.distributed, "is_initialized", lambda: True)
     assert maybe_initialize_distributed("host0:1234", 4, 0) is True
     assert no_cluster_env == []
+
+
+def test_committed_places_only_uncommitted_arrays():
+    loose = jnp.arange(4.0)  # made without a device: uncommitted
+    placed = jax.device_put(jnp.ones(3), jax.devices()[1])
+    tree = {"a": loose, "b": placed, "n": 3}
+    out = mesh_lib.committed(tree)
+    assert not loose.committed and out["a"].committed
+    np.testing.assert_array_equal(np.asarray(out["a"]), np.arange(4.0))
+    assert out["a"].sharding == loose.sharding  # same device, now for good
+    assert out["b"] is placed and out["n"] == 3
+    assert mesh_lib.committed(out) is out  # nothing to do: the same tree back

@@ -185,6 +185,29 @@ def test_default_chunks_are_smaller_than_a_micro_batch():
     assert no_tail["chunks"] == 1 and no_tail["tail_chunks"] == 0 and no_tail["packed_positions"] == 66, no_tail
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["unpacked", "packed"])
+@pytest.mark.parametrize("num_minibatches", [1, 2])
+def test_uncommitted_params_compile_nothing_at_step_2(packed, num_minibatches):
+    """Parameters from a plain `nnx.split` (no mesh) are uncommitted arrays; the step's outputs are
+    committed. Both steps commit the state first, so step 2 compiles nothing (it compiled again before)."""
+    graphdef, params = nnx.split(tiny_model())
+    assert not jax.tree.leaves(params)[0].committed
+    objective = load_objective("dapo")
+    batch = _fields(objective, make_batch(0))
+    tx = optax.adam(1e-3)
+    make = make_packed_train_step if packed else make_train_step
+    step = make(graphdef, tx, optax.constant_schedule(1e-3), objective=objective, num_minibatches=num_minibatches)
+    state = init_train_state(params, tx)
+    state, metrics = step(state, batch)
+    jax.block_until_ready(metrics)
+    before = compile_count()
+    for _ in range(2):
+        state, metrics = step(state, batch)
+        jax.block_until_ready(metrics)
+    assert compile_count() == before
+    assert float(metrics["update_applied"]) == 1.0
+
+
 def test_segments_attend_only_within_themselves():
     """A row packing two sequences gives each the hidden states and log-probs it has alone."""
     graphdef, params = nnx.split(tiny_model(1))
