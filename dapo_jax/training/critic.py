@@ -105,7 +105,9 @@ def make_critic_step(graphdef, tx: optax.GradientTransformation, schedule: optax
         metrics.update({f"critic/{k}": v for k, v in finalize_metrics(combine_stacked(pairs)).items()})
         return TrainState(params, opt_state, step, skipped), metrics
 
-    return jax.jit(step_fn, donate_argnums=0)
+    from dapo_jax.parallel.mesh import jit_keeping_layout
+
+    return jit_keeping_layout(step_fn, donate_argnums=0)  # as the policy's: the state keeps its layout, committed
 
 
 @dataclasses.dataclass
