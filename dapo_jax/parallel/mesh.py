@@ -147,4 +147,5 @@ class jit_keeping_layout:  # noqa: N801 - used like jax.jit
         return self._for(state)(state, *args, **kwargs)
 
     def lower(self, state, *args, **kwargs):
+        state = committed(state)  # as `__call__` compiles it (abstract shapes pass through)
         return self._for(state).lower(state, *args, **kwargs)
