@@ -35,10 +35,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-from bench_peers import matmul_peak as square_matmul_peak  # noqa: E402
+from bench_peers import matmul_peak as square_matmul_peak, update_flops  # noqa: E402
 from bench_step_memory import QWEN25_05B  # noqa: E402
+from bench_workload import emit, parse_result  # noqa: E402
 
-RESULT_TAG = "BENCH_DEVICE "
 QUICK_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, vocab_size=512)
 # dense bf16 FLOP/s by `device_kind` substring, first match (vendor data sheets, without sparsity)
@@ -58,10 +58,11 @@ def model_config(quick: bool):
 
 
 def train_flops(cfg, n_params: int, laid_out_tokens: int, seq_lengths) -> float:
-    """Forward + backward FLOPs of one update (the docstring's formula)."""
+    """Forward + backward FLOPs of one update (the docstring's formula, `bench_peers.update_flops`)."""
     matmul = n_params - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)  # the lookup is no matmul
-    attn = 6.0 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * float(np.sum(np.square(seq_lengths)))
-    return 6.0 * matmul * laid_out_tokens + attn
+    info = {"matmul_params": matmul, "layers": cfg.num_hidden_layers,
+            "attn_dim": cfg.num_attention_heads * cfg.head_dim}
+    return update_flops(info, [int(x) for x in seq_lengths], tokens=laid_out_tokens)
 
 
 def matmul_peak(on_cpu: bool) -> float:
@@ -188,14 +189,6 @@ def run_phase(args) -> dict:
                 quick=args.quick, **res, **peak_memory())
 
 
-def child_argv(args, phase: str) -> list[str]:
-    out = [sys.executable, __file__, "--phase", phase, "--steps", str(args.steps), "--prompts", str(args.prompts),
-           "--group", str(args.group), "--prompt-len", str(args.prompt_len), "--train-new-tokens",
-           str(args.train_new_tokens), "--micro-batches", str(args.micro_batches), "--decode-prompts",
-           str(args.decode_prompts)]
-    return out + (["--quick"] if args.quick else [])
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
@@ -211,23 +204,24 @@ def main(argv=None) -> int:
                         help="train: micro-batches of the update (the 0.5B recipe's 4; chunks of half of one)")
     parser.add_argument("--decode-prompts", dest="decode_prompts", type=int, default=1)
     parser.add_argument("--json", help="append each phase's result as a JSON line to this file")
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     if args.quick:
         args.prompts, args.group, args.prompt_len, args.train_new_tokens, args.steps = 2, 4, 16, 32, 2
         args.micro_batches = 2
     if args.phase:
-        print(RESULT_TAG + json.dumps(run_phase(args)), flush=True)
+        emit(run_phase(args))
         return 0
     phases = (args.phases or ("train,decode_16,decode_64" if args.quick else "train,decode_512,decode_4096")).split(",")
     failed = 0
     for phase in phases:
-        proc = subprocess.run(child_argv(args, phase), capture_output=True, text=True)
-        line = next((x for x in reversed(proc.stdout.splitlines()) if x.startswith(RESULT_TAG)), None)
-        if proc.returncode or line is None:
+        # the child sees this run's own arguments, and the one phase to run
+        proc = subprocess.run([sys.executable, __file__, *argv, "--phase", phase], capture_output=True, text=True)
+        res = parse_result(proc.stdout)
+        if proc.returncode or res is None:
             failed += 1
             print(f"[bench_device] {phase} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}", flush=True)
             continue
-        res = json.loads(line[len(RESULT_TAG):])
         print(format_result(res), flush=True)
         if args.json:
             with open(args.json, "a") as f:

@@ -123,9 +123,10 @@ def build_model(size: str, w: Workload, out_dir: Path) -> dict:
             "attn_dim": cfg.num_attention_heads * cfg.head_dim, "config": SIZES[size]}
 
 
-def update_flops(info: dict, seq_lengths: list[int]) -> float:
-    """Model FLOPs of one update (forward + backward) over sequences of the given real lengths."""
-    tokens = sum(seq_lengths)
+def update_flops(info: dict, seq_lengths: list[int], tokens: int | None = None) -> float:
+    """Model FLOPs of one update (forward + backward) over sequences of the given real lengths; the
+    matmuls over `tokens` positions when given (e.g. those a packed update lays out), else every token."""
+    tokens = sum(seq_lengths) if tokens is None else tokens
     attn = 6.0 * info["layers"] * info["attn_dim"] * sum(x * x for x in seq_lengths)
     return 6.0 * info["matmul_params"] * tokens + attn
 
