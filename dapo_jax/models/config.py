@@ -23,6 +23,8 @@ ARCHITECTURES = {
 }
 DTYPES = ("float32", "bfloat16", "float16")
 REMAT_POLICIES = ("none", "full", "dots_saveable")
+# models/attention.py: "auto" picks per backend and sequence length (attention.resolve)
+ATTENTION_IMPLEMENTATIONS = ("auto", "reference", "blockwise", "splash", "gpu_flash")
 
 
 class ModelConfigError(ValueError):
@@ -66,6 +68,7 @@ class ModelConfig:
     param_dtype: str = "float32"
     dtype: str = "float32"
     remat: str = "none"
+    attention: str = "auto"  # the cache-free attention (models/attention.py); not part of config.json
 
     def __post_init__(self):
         if self.model_type not in ARCHITECTURES:
@@ -89,6 +92,8 @@ class ModelConfig:
                 raise ModelConfigError(f"{name}={getattr(self, name)!r} must be one of {DTYPES}")
         if self.remat not in REMAT_POLICIES:
             raise ModelConfigError(f"remat={self.remat!r} must be one of {REMAT_POLICIES}")
+        if self.attention not in ATTENTION_IMPLEMENTATIONS:
+            raise ModelConfigError(f"attention={self.attention!r} must be one of {ATTENTION_IMPLEMENTATIONS}")
 
     @property
     def num_query_groups(self) -> int:

@@ -139,6 +139,7 @@ def load_pretrained(
     param_dtype: str | None = None,
     dtype: str | None = None,
     remat: str | None = None,
+    attention: str | None = None,
     strict: bool = True,
 ) -> Decoder:
     """A :class:`Decoder` with the weights of the HF checkpoint directory ``path``.
@@ -147,7 +148,7 @@ def load_pretrained(
       path: directory with ``config.json`` and ``model.safetensors`` or ``model.safetensors.index.json``.
       mesh: place every parameter directly onto ``NamedSharding(mesh, PARTITION_RULES[param])``;
         ``None`` puts them on the default device.
-      param_dtype, dtype, remat: override the config (defaults: float32 parameters and compute,
+      param_dtype, dtype, remat, attention: override the config (defaults: float32 parameters and compute,
         whatever the file's ``torch_dtype``, since RL updates want float32 master weights).
       strict: an unexpected extra tensor raises (``True``) or warns (``False``).
     Raises:
@@ -155,7 +156,7 @@ def load_pretrained(
       ModelConfigError naming the config field.
     """
     root = Path(path)
-    overrides = {k: v for k, v in dict(param_dtype=param_dtype, dtype=dtype, remat=remat).items() if v is not None}
+    overrides = {k: v for k, v in dict(param_dtype=param_dtype, dtype=dtype, remat=remat, attention=attention).items() if v is not None}
     config = ModelConfig.from_pretrained(root, **overrides)
     if mesh is not None:
         check_divisible(config, mesh)

@@ -37,6 +37,9 @@ class ModelSection(_Section):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     param_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     remat: Literal["none", "full", "dots_saveable"] = "none"
+    # attention without a KV cache (update, log-probs, critic, prefill): models/attention.py. auto = splash on
+    # TPU, gpu_flash on GPU, on CPU reference for short rows and blockwise for long ones
+    attention: Literal["auto", "reference", "blockwise", "splash", "gpu_flash"] = "auto"
 
 
 class SourceSection(_Section):

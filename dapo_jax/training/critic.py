@@ -129,7 +129,8 @@ class Critic:
 
         objective, optim = cfg.objective_config, cfg.critic_optim
         model = load_value_model(resolve_path(optim.path or cfg.model.path), mesh=mesh, seed=cfg.train.seed,
-                                 param_dtype=cfg.model.param_dtype, dtype=cfg.model.dtype, remat=cfg.model.remat)
+                                 param_dtype=cfg.model.param_dtype, dtype=cfg.model.dtype, remat=cfg.model.remat,
+                                 attention=cfg.model.attention)
         graphdef, params = nnx.split(model)
         updates = (cfg.train.steps + objective.value_pretrain_steps) * optim.num_minibatches
         tx, schedule = make_optimizer(optim, decay_steps=updates)

@@ -81,7 +81,7 @@ def load_model(cfg: RunConfig, mesh, tokenizer):
 
     path = _model_path(cfg)
     model = load_pretrained(path, mesh=mesh, param_dtype=cfg.model.param_dtype, dtype=cfg.model.dtype,
-                            remat=cfg.model.remat)
+                            remat=cfg.model.remat, attention=cfg.model.attention)
     check_tokenizer_fits(model.config, tokenizer, source=str(path), generation=load_generation_config(path))
     check_finite_weights(model, source=str(path))
     return model

@@ -125,7 +125,7 @@ def plan_model_config(cfg: RunConfig):
     from dapo_jax.models.config import ModelConfig
 
     m = cfg.model
-    overrides = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat=m.remat)
+    overrides = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat=m.remat, attention=m.attention)
     path = resolve_path(m.path)
     if (path / "config.json").exists():
         return ModelConfig.from_pretrained(path, **overrides), str(path / "config.json")
