@@ -125,6 +125,13 @@ def pallas_interpret():
         _INTERPRET.reset(token)
 
 
+def describe(requested: str, platform: str, programs: dict[str, int]) -> str:
+    """One line naming the implementation each program's attention runs as: `programs` maps a program's
+    name to its sequence length (keys per row). Raises `AttentionUnavailable` like `resolve`."""
+    parts = [f"{name} ({n} tokens) {resolve(requested, platform=platform, seq_len=n)}" for name, n in programs.items()]
+    return f"attention (model.attention={requested} on {platform}): " + ", ".join(parts)
+
+
 # --------------------------------------------------------------------------- the entry point
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, ids: MaskIds, *, implementation: str) -> jax.Array:
     """Self-attention of the S tokens over themselves (shapes in the module docstring)."""
@@ -180,5 +187,5 @@ def softmax_attention(q, k, v, ok):
 
 
 __all__ = ["AttentionUnavailable", "CPU_BLOCKWISE_FROM", "IMPLEMENTATIONS", "MaskIds", "allowed", "attend",
-           "causal_blocks", "current_platform", "mask_ids", "pallas_interpret", "reference_attention", "resolve",
+           "causal_blocks", "current_platform", "describe", "mask_ids", "pallas_interpret", "reference_attention", "resolve",
            "softmax_attention", "supports_branches"]

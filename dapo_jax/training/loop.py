@@ -59,6 +59,32 @@ def build_mesh(cfg: RunConfig):
     return make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices=devices[:n])
 
 
+def attention_lengths(cfg: RunConfig) -> dict[str, int]:
+    """Each cache-free program's tokens per row: the update and log-prob passes (prompt + response, or a
+    packed row of that length), the sampler's prefill (the prompt)."""
+    rows = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens  # packed rows are as long (packed_step.py)
+    return {"update": rows, "log-probs": rows, "prefill": cfg.data.max_prompt_length}
+
+
+def attention_report(cfg: RunConfig, mesh) -> str:
+    """Which attention implementation each program uses (a ConfigError when model.attention cannot run here)."""
+    from dapo_jax.models.attention import AttentionUnavailable, describe
+
+    try:
+        return describe(cfg.model.attention, mesh.devices.flat[0].platform, attention_lengths(cfg))
+    except AttentionUnavailable as e:
+        raise ConfigError(str(e)) from None
+
+
+def update_shares_prompts(cfg: RunConfig, mesh) -> bool:
+    """Whether the packed update's attention can share a group's prompt (branch ids): splash and gpu_flash
+    cannot, and the update then packs each response with its own copy of the prompt (same result)."""
+    from dapo_jax.models.attention import resolve, supports_branches
+
+    impl = resolve(cfg.model.attention, platform=mesh.devices.flat[0].platform, seq_len=attention_lengths(cfg)["update"])
+    return supports_branches(impl)
+
+
 def _model_path(cfg: RunConfig):
     path = resolve_path(cfg.model.path)
     if not (path / "config.json").exists():
@@ -167,6 +193,7 @@ def train(cfg: RunConfig) -> dict:
                       f"data.max_prompt_length={cfg.data.max_prompt_length} tokens and are dropped", RuntimeWarning)
     mesh = build_mesh(cfg)
     share = ProcessShare(mesh)  # this process's rows of each generation batch (parallel/process_data.py)
+    attention_report(cfg, mesh)  # model.attention=splash on a CPU: one line, before anything loads
     with run_dir, Preemption() as preemption, jax.set_mesh(mesh), contextlib.ExitStack() as cleanup:
         run_dir.check_same_config()
         model = load_model(cfg, mesh, tokenizer)
@@ -185,8 +212,10 @@ def train(cfg: RunConfig) -> dict:
         generate_eval = make_generate(policy.sampler_graphdef, sampling_config(cfg, tokenizer, model_cfg, eval_mode=True),
                                       cfg.train.eval_k)
         logprob_fn = make_logprob_fn(graphdef, temperature=scfg.logprob_temperature)
+        say(f"[dapo-jax] {attention_report(cfg, mesh)}", flush=True)
         packed = {} if not o.packing else {  # the padding-free update (training/packed_step.py)
-            "chunk_rows": o.packing_rows, "tail_rows": o.packing_tail_rows, "share_prompts": o.packing_share_prompts,
+            "chunk_rows": o.packing_rows, "tail_rows": o.packing_tail_rows,
+            "share_prompts": o.packing_share_prompts and update_shares_prompts(cfg, mesh),
             "row_multiple": batch_divisor(mesh),
             "put": lambda x: to_global(x, batch_sharding(mesh))}
         train_step = (make_packed_train_step if o.packing else make_train_step)(

@@ -9,6 +9,7 @@ import pytest
 
 from dapo_jax.models import pallas_attention
 from dapo_jax.models.attention import mask_ids, reference_attention
+from dapo_jax.parallel.mesh import make_mesh
 
 KERNELS = {"splash": pallas_attention.splash, "gpu_flash": pallas_attention.gpu_flash}
 
@@ -48,7 +49,7 @@ def test_kernel_under_a_mesh_equals_one_device():
     real, ids, q, k, v, w = case()
     fn = lambda *a: pallas_attention.gpu_flash(*a, ids.segment_ids, interpret=True)  # noqa: E731
     alone, alone_g = value_and_grads(fn, q, k, v, w)
-    mesh = jax.make_mesh((2, 1, 2), ("data", "fsdp", "tensor"), devices=jax.devices()[:4])
+    mesh = make_mesh(data=2, fsdp=1, tensor=2, devices=jax.devices()[:4])  # the run's mesh: Auto axes
     with jax.set_mesh(mesh):
         meshed, meshed_g = jax.jit(lambda *a: value_and_grads(fn, *a))(q, k, v, w)
     np.testing.assert_allclose(np.asarray(meshed)[real], np.asarray(alone)[real], atol=1e-6)
