@@ -614,8 +614,8 @@ def effects_table(rows: list[Row], summaries: dict[str, list[dict]]) -> str:
 
 # ----------------------------------------------------------------------------- main
 def default_config() -> Path:
-    cot = REPO / "configs" / "cot_dapo.yaml"
-    return cot if cot.exists() else REPO / "configs" / "tiny_dapo.yaml"
+    cot = REPO / "dapo_jax" / "configs" / "cot_dapo.yaml"
+    return cot if cot.exists() else REPO / "dapo_jax" / "configs" / "tiny_dapo.yaml"
 
 
 def parse_args(argv=None) -> argparse.Namespace:

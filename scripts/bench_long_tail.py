@@ -42,7 +42,7 @@ def cot_setup(args):
     from dapo_jax.models.hf_io import load_pretrained, load_tokenizer
     from dapo_jax.training.config import load_config
 
-    cfg = load_config(REPO / "configs" / "cot_dapo.yaml")
+    cfg = load_config(REPO / "dapo_jax" / "configs" / "cot_dapo.yaml")
     path = REPO / cfg.model.path
     tok = load_tokenizer(path)
     options = cfg.data.train.options

@@ -30,7 +30,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 sys.path.insert(0, str(ROOT))
-CONFIG = ROOT / "configs" / "qwen2.5-0.5b-gsm8k-dapo.yaml"
+CONFIG = ROOT / "dapo_jax" / "configs" / "qwen2.5-0.5b-gsm8k-dapo.yaml"
 
 QWEN25_05B = dict(  # Qwen2.5-0.5B-Instruct's config.json (shapes and constants; weights here are random)
     architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=896, intermediate_size=4864,

@@ -5,7 +5,7 @@ The config is the only thing the trainer passes to the objective functions (as a
 fails here, naming the field, never later inside a traced function.
 
 Defaults are the DAPO paper's operating point where the paper fixes one (clip-higher 0.2 / 0.28,
-token-mean loss, no KL, rewards +1 / -1); the named recipes in `configs/objectives/*.yaml` override
+token-mean loss, no KL, rewards +1 / -1); the named recipes in `dapo_jax/configs/objectives/*.yaml` override
 them (see `registry.load_objective`).
 """
 

@@ -1,6 +1,7 @@
 """A run's whole configuration: YAML -> frozen, validated pydantic models.
 
-    cfg = load_config("configs/tiny_dapo.yaml", ["rollout.G=8", "train.run_dir=runs/x"])
+    cfg = load_config("tiny_dapo", ["rollout.G=8", "train.run_dir=runs/x"])   # a packaged recipe, or a path
+
 
 Every section forbids unknown keys. A bad key, a wrong type or an impossible value (G < 2,
 a batch that does not split over the mesh, eps_high < eps_low, ...) raises `ConfigError`
@@ -10,16 +11,21 @@ name through `dapo_jax.objectives.registry.load_objective`; nothing else looks a
 
 from __future__ import annotations
 
+import difflib
 import functools
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
 import pydantic
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CONFIG_DIR = REPO_ROOT / "configs"
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+# The folder holding the package: the checkout in a clone or an editable install, site-packages in a
+# wheel install. Relative paths the packaged recipes name (`dapo_jax/assets/tiny_base`) resolve there.
+REPO_ROOT = PACKAGE_DIR.parent
+CONFIG_DIR = PACKAGE_DIR / "configs"  # the recipes ship inside the package, so any install finds them
 DEFAULT_CONFIG = CONFIG_DIR / "tiny_dapo.yaml"
 
 
@@ -75,8 +81,12 @@ class ObjectiveSection(_Section):
 
     def build(self, *, max_response_length: int | None = None):
         """The `ObjectiveConfig` this section names; `max_response_length` fills the objective's if unset."""
+        from dapo_jax.objectives.config import ObjectiveConfig
         from dapo_jax.objectives.registry import load_objective
 
+        for key in self.overrides:
+            if key not in ObjectiveConfig.model_fields:
+                raise _KeyedError(key, f"unknown objective key{did_you_mean(key, ObjectiveConfig.model_fields)}")
         cfg = load_objective(self.name, **self.overrides)
         if cfg.max_response_length is None and max_response_length is not None:
             cfg = load_objective(self.name, **{**self.overrides, "max_response_length": max_response_length})
@@ -258,7 +268,7 @@ class RunConfig(_Section):
         return data
 
     @model_validator(mode="after")
-    def _consistent(self) -> "RunConfig":
+    def _consistent(self, info: ValidationInfo) -> "RunConfig":
         r, o, m = self.rollout, self.optim, self.mesh
         shards = m.data * m.fsdp
         checks = [
@@ -300,12 +310,15 @@ class RunConfig(_Section):
         for key, ok, msg in checks:
             if not ok:
                 raise _KeyedError(key, msg)
+        self._overlong_fits(info.context or {})
         try:
             objective = self.objective.build(max_response_length=r.max_new_tokens)
             if objective.gfpo:  # GFPO keeps k of the G generated responses: k <= G
                 from dapo_jax.training.group_filter import GroupFilter
 
                 GroupFilter(objective, group_size=r.G)
+        except _KeyedError as e:
+            raise _KeyedError(f"objective.{e.key}", e.msg) from e
         except (ValueError, TypeError, KeyError, pydantic.ValidationError) as e:
             raise _KeyedError("objective", f"{type(e).__name__}: {e}") from e
         if o.packing and objective.kind == "gdpo":
@@ -337,6 +350,37 @@ class RunConfig(_Section):
                               f"are the same array, every weight is 1 and nothing is masked: set it to true or "
                               f"leave it unset (it then follows the correction)")
         return self
+
+    def _overlong_fits(self, context: dict) -> None:
+        """The soft overlong band (`overlong_buffer`, L_cache) must fit in the response (L_max, which is
+        `rollout.max_new_tokens` unless the objective sets `max_response_length`). The band usually comes
+        from a recipe or a run config the user did not write, so the error says which knob to turn and
+        which file (or the command line) set the band."""
+        from dapo_jax.objectives.registry import load_objective
+
+        try:
+            recipe = load_objective(self.objective.name)
+        except (ValueError, TypeError, KeyError, FileNotFoundError, pydantic.ValidationError):
+            return  # a bad name or recipe: the objective build below names it
+        extra = self.objective.overrides
+        buffer = extra.get("overlong_buffer", recipe.overlong_buffer)
+        length = extra.get("max_response_length", recipe.max_response_length)
+        if not isinstance(buffer, int) or isinstance(buffer, bool) or buffer < 1:
+            return  # None (off) or a bad value: the objective's own check names it
+        key = "objective.max_response_length" if isinstance(length, int) else "rollout.max_new_tokens"
+        length = length if isinstance(length, int) else self.rollout.max_new_tokens
+        if buffer <= length:
+            return
+        if "objective.overlong_buffer" in context.get("overridden", ()):
+            where = "on the command line"
+        elif "overlong_buffer" in extra:
+            where = f"in {context.get('source', 'the run config')}'s objective section"
+        else:
+            where = f"by the objective recipe {self.objective.name!r} ({_recipe_file(self.objective.name)})"
+        raise _KeyedError(key, f"{length} is shorter than objective.overlong_buffer={buffer} (set {where}), the "
+                          f"soft overlong punishment band that must fit in the response: raise {key} above {buffer}, "
+                          f"or shrink the band (objective.overlong_buffer={max(1, length // 4)}), or turn it off "
+                          f"(objective.overlong_buffer=null)")
 
     @property
     def sampler_dtype(self) -> str:
@@ -370,6 +414,16 @@ class RunConfig(_Section):
         dump.pop("name", None)
         data["objective"] = {"name": self.objective.name, **dump}
         return yaml.safe_dump(data, sort_keys=False)
+
+
+def _recipe_file(name: str) -> str:
+    from dapo_jax.objectives.registry import CONFIG_DIR as OBJECTIVES
+
+    path = Path(name) if name.endswith((".yaml", ".yml")) else OBJECTIVES / f"{name}.yaml"
+    try:
+        return str(path.relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
 
 
 class _KeyedError(ValueError):
@@ -436,17 +490,47 @@ def _drop_stale_options(data: dict, overridden: set[str]) -> None:
             node.pop("options", None)
 
 
+def recipes() -> list[str]:
+    """The packaged run recipes (`dapo_jax/configs/*.yaml`) by name, sorted."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
+def did_you_mean(word: str, choices) -> str:
+    """` (did you mean 'x'?)` for the closest of `choices`, or '' when none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def find_config(name_or_path: str | Path) -> Path:
+    """Where a run config is: an existing file (or run dir) as given; else a packaged recipe, named
+    (`tiny_dapo`) or by the checkout path it used to have (`configs/tiny_dapo.yaml`), so the commands of
+    older docs and scripts work from any directory and any install."""
+    path = Path(name_or_path).expanduser()
+    if path.exists() or path.is_absolute():
+        return path
+    parts = path.parts[1:] if path.parts[:1] == ("configs",) else path.parts
+    if parts:
+        rel = Path(*parts)
+        for candidate in (CONFIG_DIR / rel, CONFIG_DIR / f"{rel}.yaml"):
+            if candidate.is_file():
+                return candidate
+    return path
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Reads `path` (None = the embedded default), applies dotted overrides, validates everything.
+    """Reads `path` (None = the embedded default; a recipe name or path: `find_config`), applies dotted
+    overrides, validates everything.
 
     Relative paths in the file are looked up beside the file first (`_anchor_paths`); relative paths
     in overrides are relative to the working directory, as typed in a shell.
     """
-    path = Path(path) if path is not None else DEFAULT_CONFIG
+    path = find_config(path) if path is not None else DEFAULT_CONFIG
     if path.is_dir():
         path = path / "config.yaml"
     if not path.exists():
-        raise ConfigError(f"config file {path} does not exist")
+        stem = path.name.removesuffix(".yaml").removesuffix(".yml")
+        raise ConfigError(f"config file {path} does not exist{did_you_mean(stem, recipes())}; the packaged "
+                          f"recipes (by name): {', '.join(recipes())}")
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
@@ -458,12 +542,56 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     for key, value in parsed:
         _set_dotted(data, key, value, str(path))
     _drop_stale_options(data, {key for key, _ in parsed})
-    return config_from_dict(data, source=str(path))
+    return config_from_dict(data, source=str(path), overridden={key for key, _ in parsed})
 
 
-def config_from_dict(data: dict, *, source: str = "<dict>") -> RunConfig:
+def _model_in(annotation) -> type[BaseModel] | None:
+    """The section class inside a field's annotation (`X`, `X | None`, `list[X]`)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        if (found := _model_in(arg)) is not None:
+            return found
+    return None
+
+
+def _all_keys(model: type[BaseModel] = None, prefix: str = "") -> list[str]:
+    """Every dotted key of the config: `optim.lr`, `train.wandb.project`, `reward.functions.name`, ..."""
+    out = []
+    for name, field in (model or RunConfig).model_fields.items():
+        sub = _model_in(field.annotation)
+        out += _all_keys(sub, f"{prefix}{name}.") if sub is not None else [f"{prefix}{name}"]
+    return out
+
+
+def _suggest(loc: tuple) -> str:
+    """` (did you mean 'optim.lr'?)` for an unknown key at `loc`: a near spelling in its section, the
+    initials of a long name (`learning_rate` -> `lr`), or the same key in another section."""
+    section: type[BaseModel] | None = RunConfig
+    for part in loc[:-1]:
+        if isinstance(part, int) or section is None:
+            continue
+        field = section.model_fields.get(part)
+        section = _model_in(field.annotation) if field is not None else None
+    if section is None:
+        return ""
+    key, names = str(loc[-1]), list(section.model_fields)
+    prefix = ".".join(str(p) for p in loc[:-1])
+    prefix = f"{prefix}." if prefix else ""
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+    initials = "".join(w[0] for w in key.split("_") if w)
+    close = close or [n for n in names if "_" in key and n == initials]
+    if close:
+        return f" (did you mean {prefix + close[0]!r}?)"
+    elsewhere = [k for k in _all_keys() if k.rsplit(".", 1)[-1] == key]
+    return f" (did you mean {elsewhere[0]!r}?)" if elsewhere else ""
+
+
+def config_from_dict(data: dict, *, source: str = "<dict>", overridden: set[str] = frozenset()) -> RunConfig:
+    """Validates a config tree; `overridden` (the dotted keys given on the command line) lets an error
+    say whether a value came from the file or the command line."""
     try:
-        return RunConfig.model_validate(data)
+        return RunConfig.model_validate(data, context={"source": source, "overridden": set(overridden)})
     except pydantic.ValidationError as e:
         lines = []
         for err in e.errors():
@@ -475,7 +603,8 @@ def config_from_dict(data: dict, *, source: str = "<dict>") -> RunConfig:
                 continue
             msg = err["msg"]
             if err["type"] == "extra_forbidden":
-                msg = "unknown key"
+                lines.append(f"{source}: {key}: unknown key{_suggest(err['loc'])}")
+                continue
             lines.append(f"{source}: {key}: {msg} (got {err.get('input')!r})")
         raise ConfigError("; ".join(lines)) from None  # one line: the file, the dotted key, what is wrong
 

@@ -49,7 +49,7 @@ def test_configs_agree_with_the_base(script, name):
     token budget is the one the base's figures were measured with."""
     from dapo_jax.training.config import load_config
 
-    cfg = load_config(REPO / "configs" / f"{name}.yaml")
+    cfg = load_config(REPO / "dapo_jax" / "configs" / f"{name}.yaml")
     task = {k: v for k, v in script.TASK.items() if k not in ("seed", "train_size")}
     assert cfg.model.path == "dapo_jax/assets/cot_base"
     assert cfg.data.seed == script.TASK["seed"]

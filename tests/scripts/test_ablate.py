@@ -14,7 +14,7 @@ import pytest
 from dapo_jax.training.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = REPO / "configs" / "tiny_dapo.yaml"
+TINY = REPO / "dapo_jax" / "configs" / "tiny_dapo.yaml"
 
 
 def _load_script():
@@ -89,7 +89,7 @@ def test_rows_are_otherwise_identical_runs(tmp_path):
 
 
 def test_a_config_without_overlong_shaping_drops_the_rows_that_would_repeat(tmp_path):
-    _, _, runs, dropped = resolved(REPO / "configs" / "tiny_grpo.yaml", tmp_path)
+    _, _, runs, dropped = resolved(REPO / "dapo_jax" / "configs" / "tiny_grpo.yaml", tmp_path)
     assert "overlong" not in runs and "dapo-overlong" not in runs
     assert {(d.key, same.key) for d, same in dropped} == {("overlong", "clip"), ("dapo-overlong", "dapo"),
                                                           ("dapo-dynsamp", "token")}
