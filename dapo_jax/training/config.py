@@ -39,10 +39,10 @@ class _Section(BaseModel):
 
 
 class ModelSection(_Section):
-    path: str = "dapo_jax/assets/tiny_base"
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    param_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    remat: Literal["none", "full", "dots_saveable"] = "none"
+    path: str = "dapo_jax/assets/tiny_base"  # a Hugging Face folder: config.json, safetensors weights, tokenizer
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # compute dtype (norms, softmax stay float32)
+    param_dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # the master weights and Adam moments
+    remat: Literal["none", "full", "dots_saveable"] = "none"  # recompute activations in the backward pass
     # attention without a KV cache (update, log-probs, critic, prefill): models/attention.py. auto = splash on
     # TPU, gpu_flash on GPU, on CPU reference for short rows and blockwise for long ones
     attention: Literal["auto", "reference", "blockwise", "splash", "gpu_flash"] = "auto"
@@ -52,21 +52,21 @@ class SourceSection(_Section):
     """One prompt source: the built-in synthetic task, or a file / folder / hub name read by `dapo_jax.data`."""
 
     name: str = "synthetic"  # "synthetic", a .jsonl/.json/.parquet/.csv file, a saved dataset dir, or a hub name
-    split: str = "train"
+    split: str = "train"  # the split of a hub dataset or of the built-in tasks (train / heldout)
     format: str = "synthetic"  # dapo_jax.data.datasets.FORMATS: gsm8k, math500, dapo_math, aime, amc, custom, ...
     prompt_field: str | None = None  # override the format's field paths (dotted)
-    answer_field: str | None = None
-    template: Literal["raw", "dapo", "chat", "dapo_chat"] = "raw"
-    limit: int | None = Field(default=None, gt=0)
+    answer_field: str | None = None  # likewise for the answer
+    template: Literal["raw", "dapo", "chat", "dapo_chat"] = "raw"  # prompt text: data/templates.py
+    limit: int | None = Field(default=None, gt=0)  # the first N problems only
     options: dict[str, Any] = Field(default_factory=dict)  # synthetic task only: max_operand, ops, heldout_size
 
 
 class DataSection(_Section):
     train: SourceSection = SourceSection()
     eval: SourceSection | None = SourceSection(split="heldout")
-    eval_size: int = Field(default=64, gt=0)
-    max_prompt_length: int = Field(default=64, gt=0)
-    seed: int = 0
+    eval_size: int = Field(default=64, gt=0)  # held-out problems per evaluation
+    max_prompt_length: int = Field(default=64, gt=0)  # in tokens; longer prompts are skipped and counted
+    seed: int = 0  # the order prompts are drawn in
 
 
 class ObjectiveSection(_Section):
@@ -94,12 +94,13 @@ class ObjectiveSection(_Section):
 
 
 class RolloutSection(_Section):
-    G: int = Field(default=8, ge=2)
+    G: int = Field(default=8, ge=2)  # responses per prompt (the group)
     train_batch: int = Field(default=8, gt=0)  # prompts (groups) per optimizer batch
     gen_batch: int = Field(default=16, gt=0)  # prompts generated per dynamic-sampling round
-    max_gen_batches: int = Field(default=10, gt=0)
+    max_gen_batches: int = Field(default=10, gt=0)  # dynamic-sampling rounds per step at most
+    # when max_gen_batches rounds keep fewer than train_batch groups: stop (exit 3), or train on those kept
     on_starvation: Literal["fail", "train_on_kept"] = "fail"
-    carry_surplus: bool = False
+    carry_surplus: bool = False  # kept groups beyond train_batch go to the next step instead of being dropped
     # Recompute log π_old with the trainer instead of taking the sampler's log-probs; None = follow
     # precision (`RunConfig.recompute_old_logp`): recompute when sampler_dtype differs from model.dtype
     # or an objective.off_policy_correction is on. An explicit true / false wins.
@@ -109,20 +110,20 @@ class RolloutSection(_Section):
     # One-step off-policy rollouts (training/overlap.py): step k+1 is generated with the params before
     # update k while that update runs; needs an objective.off_policy_correction (e.g. dapo_tis).
     overlap: bool = False
-    temperature: float = Field(default=1.0, gt=0)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    top_k: int = Field(default=0, ge=0)
-    max_new_tokens: int = Field(default=16, gt=0)
+    temperature: float = Field(default=1.0, gt=0)  # sampling temperature (the log-probs are of logits / T)
+    top_p: float = Field(default=1.0, gt=0, le=1)  # nucleus sampling; 1 = off
+    top_k: int = Field(default=0, ge=0)  # 0 = off
+    max_new_tokens: int = Field(default=16, gt=0)  # the response budget L_max in tokens (EOS included)
     # Active-row compaction (dapo_jax/sampling/compaction.py): once at most half the rows are still
     # decoding, go on with a batch of half the size (down to compaction_min_rows); same rollout.
     compaction: bool = False
-    compaction_min_rows: int = Field(default=8, ge=1)
+    compaction_min_rows: int = Field(default=8, ge=1)  # the smallest batch compaction goes down to
     # Continuous batching (dapo_jax/sampling/continuous.py): gen_batch x G row slots decoding at once,
     # finished rows refilled with the next prompts, continuous_refill prompts at a time (None = a
     # quarter of gen_batch, dividing it), and dynamic sampling judging the groups in admission order
     # as they complete, that many at a time; one process only.
     continuous: bool = False
-    continuous_refill: int | None = Field(default=None, ge=1)
+    continuous_refill: int | None = Field(default=None, ge=1)  # prompts admitted at a time; None = gen_batch / 4
     # Admit only the prompts the step still needs (the groups missing over the fraction kept so
     # far): ~40x fewer tokens drawn for dropped groups on cot_dapo, but fewer rows decoding at
     # once, which made the rollout slower on a 2-core CPU (docs/benchmarks.md, "Ragged rollouts").
@@ -130,17 +131,17 @@ class RolloutSection(_Section):
 
 
 class OptimSection(_Section):
-    lr: float = Field(default=1e-6, gt=0)
-    warmup_steps: int = Field(default=0, ge=0)
-    schedule: Literal["constant", "cosine"] = "constant"
-    min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
-    weight_decay: float = Field(default=0.1, ge=0)
-    b1: float = Field(default=0.9, ge=0, lt=1)
-    b2: float = Field(default=0.999, ge=0, lt=1)
-    eps: float = Field(default=1e-8, gt=0)
-    grad_clip: float | None = Field(default=1.0, gt=0)
-    num_minibatches: int = Field(default=1, gt=0)
-    micro_batches: int = Field(default=1, gt=0)
+    lr: float = Field(default=1e-6, gt=0)  # AdamW learning rate (after warm-up)
+    warmup_steps: int = Field(default=0, ge=0)  # linear warm-up from 0
+    schedule: Literal["constant", "cosine"] = "constant"  # after warm-up; cosine decays to min_lr_ratio * lr
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1)  # the cosine schedule's floor
+    weight_decay: float = Field(default=0.1, ge=0)  # AdamW's decoupled weight decay
+    b1: float = Field(default=0.9, ge=0, lt=1)  # Adam's first-moment decay
+    b2: float = Field(default=0.999, ge=0, lt=1)  # Adam's second-moment decay
+    eps: float = Field(default=1e-8, gt=0)  # Adam's epsilon
+    grad_clip: float | None = Field(default=1.0, gt=0)  # global gradient-norm clip; null = off
+    num_minibatches: int = Field(default=1, gt=0)  # optimizer updates per rollout batch
+    micro_batches: int = Field(default=1, gt=0)  # gradient accumulation within a mini-batch (same update)
     # Padding-free policy update (training/packed_step.py): the real tokens of every (prompt, response)
     # packed end to end into chunks of packing_rows x (max_prompt_length + max_new_tokens); same result.
     packing: bool = False
@@ -160,8 +161,9 @@ class LoRASection(_Section):
     checkpointed; the base weights stay frozen and are the reference policy. No `lora` section (or
     `lora=null`) = full fine-tuning."""
 
-    rank: int = Field(default=8, gt=0)
+    rank: int = Field(default=8, gt=0)  # r: A is [in, r], B is [r, out]
     alpha: float = Field(default=16.0, gt=0)  # the update is scaled by alpha / rank, as in PEFT
+    # the projections that get adapters (every layer), without repeats
     targets: list[Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         min_length=1)
@@ -179,49 +181,50 @@ class CriticSection(OptimSection):
     its trunk (None = model.path, the policy's initial weights). No `critic` section = `optim`'s values;
     a partial one takes `optim`'s values for the keys it does not name."""
 
-    path: str | None = None
+    path: str | None = None  # the trunk's starting weights; None = model.path
 
 
 class DistributedSection(_Section):
-    coordinator: str | None = None
-    num_processes: int | None = Field(default=None, gt=0)
-    process_id: int | None = Field(default=None, ge=0)
+    coordinator: str | None = None  # host:port of process 0; all None = read from the cluster's environment
+    num_processes: int | None = Field(default=None, gt=0)  # processes in the run (hosts)
+    process_id: int | None = Field(default=None, ge=0)  # this process's index
 
 
 class MeshSection(_Section):
-    data: int = Field(default=1, gt=0)
-    fsdp: int = Field(default=1, gt=0)
-    tensor: int = Field(default=1, gt=0)
+    data: int = Field(default=1, gt=0)  # devices that hold replicas (batch split over data x fsdp)
+    fsdp: int = Field(default=1, gt=0)  # devices the parameters are sharded over (ZeRO-3)
+    tensor: int = Field(default=1, gt=0)  # tensor parallelism (Megatron-style); heads and vocab must divide
     distributed: DistributedSection | None = None
 
 
 class WandbSection(_Section):
     """Weights & Biases settings, used when `train.loggers` lists `wandb` (see dapo_jax.training.loggers)."""
 
-    project: str = "dapo-jax"
-    entity: str | None = None
+    project: str = "dapo-jax"  # the W&B project
+    entity: str | None = None  # the W&B team or user; None = the account's default
     name: str | None = None  # None = the run dir's name
-    group: str | None = None
-    tags: list[str] = Field(default_factory=list)
+    group: str | None = None  # W&B's run group (seeds of one setting, ...)
+    tags: list[str] = Field(default_factory=list)  # W&B's run tags
     mode: Literal["online", "offline", "disabled"] | None = None  # None = WANDB_MODE from the environment, else online
 
 
 class TrainSection(_Section):
-    steps: int = Field(default=10, ge=0)
-    seed: int = 0
+    steps: int = Field(default=10, ge=0)  # optimizer steps (rollout + update); a resumed run goes on to it
+    seed: int = 0  # sampling keys (training and evaluation) and initialisation
     eval_every: int = Field(default=0, ge=0)  # 0 = only at the start and the end
-    eval_k: int = Field(default=4, gt=0)
+    eval_k: int = Field(default=4, gt=0)  # samples per held-out problem (avg@k, pass@k, maj@k)
     eval_temperature: float = Field(default=1.0, ge=0)  # 0 = greedy
-    eval_top_p: float = Field(default=1.0, gt=0, le=1)
+    eval_top_p: float = Field(default=1.0, gt=0, le=1)  # 1 = off
     eval_top_k: int = Field(default=0, ge=0)  # 0 = off
     checkpoint_every: int = Field(default=0, ge=0)  # 0 = only at the end
-    keep_checkpoints: int = Field(default=2, gt=0)
-    run_dir: str = "runs/tiny_dapo"
-    progress: bool = True
+    keep_checkpoints: int = Field(default=2, gt=0)  # the newest N are kept
+    run_dir: str = "runs/tiny_dapo"  # metrics, logs, rollouts, checkpoints; rerunning into it resumes
+    progress: bool = True  # the progress bar
     tensorboard: bool = True  # the older switch, read only when `loggers` is not set
     loggers: list[Literal["tensorboard", "wandb"]] | None = None  # None = [tensorboard] if tensorboard else []
     wandb: WandbSection = WandbSection()
-    rollouts_every: int = Field(default=50, ge=0)  # RUN_DIR/rollouts/STEP.jsonl every N steps (and the first); 0 = never
+    # RUN_DIR/rollouts/STEP.jsonl every N steps (and the first); 0 = never
+    rollouts_every: int = Field(default=50, ge=0)
     rollouts_sample: int = Field(default=16, gt=0)  # groups (prompts, with all their responses) per logged step
     max_nonfinite_steps: int = Field(default=3, gt=0)  # this many steps in a row with a non-finite update stop the run
     fresh_start: bool = False  # when every checkpoint in run_dir is unreadable: start over instead of failing
@@ -236,7 +239,7 @@ class TrainSection(_Section):
 
 class RewardFunction(_Section):
     name: str  # dapo_jax.rewards.REWARDS (integer, dapo_answer, gsm8k, boxed, math_verify, format) or "synthetic"
-    weight: float = 1.0
+    weight: float = 1.0  # its weight in the combined reward
     options: dict[str, Any] = Field(default_factory=dict)  # the check's keyword options
 
 
@@ -244,7 +247,7 @@ class RewardSection(_Section):
     functions: list[RewardFunction] = Field(default_factory=lambda: [RewardFunction(name="synthetic")])
     right: float | None = None  # None = the objective's reward_correct
     wrong: float | None = None  # None = the objective's reward_wrong
-    on_error: Literal["raise", "wrong"] = "wrong"
+    on_error: Literal["raise", "wrong"] = "wrong"  # a reward that raises: stop naming the row, or score it wrong
 
 
 class RunConfig(_Section):

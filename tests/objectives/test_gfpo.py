@@ -1,4 +1,4 @@
-"""GFPO (objectives.md §11): the kept-subset selection, adaptive k, the subset advantage, that dropped
+"""GFPO (docs/objectives.md#gfpo-gdpo): the kept-subset selection, adaptive k, the subset advantage, that dropped
 responses contribute nothing to the loss, its gradient or its denominator, micro-batch invariance of
 the update, and a 2-step end-to-end run of the `gfpo` recipe."""
 
