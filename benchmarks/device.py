@@ -1,10 +1,10 @@
 """A Qwen2.5-0.5B-shaped model on whatever device JAX sees: train-step MFU, decode tokens/s, peak memory.
 
-    python scripts/bench_device.py                        # on a GPU or TPU: the figures of issue #11, item 5
-    python scripts/bench_device.py --quick                # a tiny shape, seconds on a CPU (the test runs it)
-    python scripts/bench_device.py --phases decode_512 --decode-prompts 8 --json out.jsonl
+    python -m benchmarks.device                           # on a GPU or TPU
+    python -m benchmarks.device --quick                   # a tiny shape, seconds on a CPU (the test runs it)
+    python -m benchmarks.device --phases decode_512 --decode-prompts 8 --json out.jsonl
 
-The model is Qwen2.5-0.5B's config.json (`bench_step_memory.QWEN25_05B`) with random weights: bf16
+The model is Qwen2.5-0.5B's config.json (`step_memory.QWEN25_05B`) with random weights: bf16
 compute, float32 master weights, `remat: dots_saveable`, as `configs/qwen2.5-0.5b-gsm8k-dapo.yaml`.
 Each phase runs in a process of its own, so its peak memory is its own:
 - `train`: one DAPO update (`make_packed_train_step`, as the loop builds it, in `--micro-batches` micro-batches
@@ -26,18 +26,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-from bench_peers import matmul_peak as square_matmul_peak, update_flops  # noqa: E402
-from bench_step_memory import QWEN25_05B  # noqa: E402
-from bench_workload import emit, parse_result  # noqa: E402
+from benchmarks.harness import emit, median, peak_rss_bytes, run_child
+from benchmarks.peers import matmul_peak as square_matmul_peak, update_flops
+from benchmarks.step_memory import QWEN25_05B
 
 QUICK_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, vocab_size=512)
@@ -58,7 +54,7 @@ def model_config(quick: bool):
 
 
 def train_flops(cfg, n_params: int, laid_out_tokens: int, seq_lengths) -> float:
-    """Forward + backward FLOPs of one update (the docstring's formula, `bench_peers.update_flops`)."""
+    """Forward + backward FLOPs of one update (the docstring's formula, `peers.update_flops`)."""
     matmul = n_params - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)  # the lookup is no matmul
     info = {"matmul_params": matmul, "layers": cfg.num_hidden_layers,
             "attn_dim": cfg.num_attention_heads * cfg.head_dim}
@@ -66,7 +62,7 @@ def train_flops(cfg, n_params: int, laid_out_tokens: int, seq_lengths) -> float:
 
 
 def matmul_peak(on_cpu: bool) -> float:
-    """A square matmul's best FLOP/s here: f32 1024^3 on a CPU (as bench_peers.py), bf16 8192^3 elsewhere."""
+    """A square matmul's best FLOP/s here: f32 1024^3 on a CPU (as benchmarks.peers), bf16 8192^3 elsewhere."""
     return square_matmul_peak(1024, dtype="float32") if on_cpu else square_matmul_peak(8192, dtype="bfloat16")
 
 
@@ -76,7 +72,7 @@ def peak_memory() -> dict:
     stats = jax.local_devices()[0].memory_stats() or {}
     if "peak_bytes_in_use" in stats:
         return {"peak_memory_bytes": int(stats["peak_bytes_in_use"]), "peak_memory_of": "device"}
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    rss = peak_rss_bytes()
     return {"peak_memory_bytes": rss, "peak_memory_of": "host RSS"}
 
 
@@ -133,7 +129,7 @@ def phase_train(args, cfg, mesh) -> dict:
         laid_out = step.packing_stats(batch)["packed_tokens"]
     seqs = (prompt_len[:, None] + lengths).ravel()
     flops = train_flops(cfg, n_params, laid_out, seqs)
-    step_s = float(np.median(times[1:]))
+    step_s = median(times[1:])
     return dict(params=n_params, step_s=step_s, first_step_s=times[0], flops=flops, flops_per_s=flops / step_s,
                 sequences=p * g, real_tokens=int(seqs.sum()), laid_out_tokens=int(laid_out),
                 mean_response_length=float(lengths.mean()), grad_norm=float(metrics["grad_norm"]))
@@ -216,11 +212,10 @@ def main(argv=None) -> int:
     failed = 0
     for phase in phases:
         # the child sees this run's own arguments, and the one phase to run
-        proc = subprocess.run([sys.executable, __file__, *argv, "--phase", phase], capture_output=True, text=True)
-        res = parse_result(proc.stdout)
-        if proc.returncode or res is None:
+        res = run_child("benchmarks.device", [*argv, "--phase", phase])
+        if "error" in res:
             failed += 1
-            print(f"[bench_device] {phase} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}", flush=True)
+            print(f"[benchmarks.device] {phase} failed: {res['error'][-2000:]}", flush=True)
             continue
         print(format_result(res), flush=True)
         if args.json:
@@ -231,7 +226,7 @@ def main(argv=None) -> int:
 
 def format_result(r: dict) -> str:
     mem = f"peak memory {r['peak_memory_bytes'] / 2**30:.2f} GiB ({r['peak_memory_of']})"
-    head = f"[bench_device] {r['device']} ({r['platform']}, jax {r['jax']}) {r['phase']}:"
+    head = f"[benchmarks.device] {r['device']} ({r['platform']}, jax {r['jax']}) {r['phase']}:"
     if r["phase"] == "train":
         mfu = "n/a (no nominal peak for this device)" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
         return (f"{head} step {r['step_s']:.3f} s ({r['sequences']} sequences, {r['real_tokens']} tokens, "

@@ -1,8 +1,8 @@
 """Time and peak memory of the chunked log-prob/entropy kernel against the full-logits version.
 
-    python scripts/bench_logprobs.py                 # B=8, T=2048, V=151,936, d=896 (Qwen2.5-0.5B head)
-    python scripts/bench_logprobs.py --quick         # B=2, T=256, V=32,000, d=256: seconds
-    python scripts/bench_logprobs.py --batch 1 --variants naive,chunked
+    python -m benchmarks.logprobs                 # B=8, T=2048, V=151,936, d=896 (Qwen2.5-0.5B head)
+    python -m benchmarks.logprobs --quick         # B=2, T=256, V=32,000, d=256: seconds
+    python -m benchmarks.logprobs --batch 1 --variants naive,chunked
 
 Every (variant, mode) runs in its own subprocess so that its peak RSS is honest. Each reports:
 the compiled executable's temporary buffers (`memory_analysis().temp_size_in_bytes`, what XLA
@@ -15,13 +15,9 @@ figure is then what it would need, which is the point of the kernel.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import resource
-import statistics
-import subprocess
-import sys
 import time
+
+from benchmarks.harness import emit, median, peak_rss_bytes, run_child
 
 VARIANTS = ("naive", "chunked", "chunked_vocab")
 MODES = ("fwd", "fwd_bwd")
@@ -63,7 +59,7 @@ def worker(args) -> dict:
 
         fn = jax.value_and_grad(loss, argnums=(0, 1))
 
-    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    rss_before = peak_rss_bytes()
     start = time.perf_counter()
     compiled = jax.jit(fn).lower(h, w).compile()
     compile_s = time.perf_counter() - start
@@ -78,20 +74,16 @@ def worker(args) -> dict:
         start = time.perf_counter()
         jax.block_until_ready(compiled(h, w))
         times.append(time.perf_counter() - start)
-    out.update(run_s=statistics.median(times), peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    out.update(run_s=median(times), peak_rss=peak_rss_bytes())
     return out
 
 
 def run_variant(args, variant, mode) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--variant", variant, "--mode", mode]
+    child = ["--worker", "--variant", variant, "--mode", mode]
     for key in ("batch", "seq", "vocab", "hidden", "chunk_size", "vocab_chunk", "temperature", "dtype",
                 "repeats", "max_run_gb"):
-        cmd += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        return dict(error=f"exit {proc.returncode}: {' | '.join(tail)}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        child += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
+    return run_child("benchmarks.logprobs", child)
 
 
 def gib(x):
@@ -122,7 +114,7 @@ def main(argv=None):
         args.batch, args.seq, args.vocab, args.hidden = 2, 256, 32000, 256
         args.chunk_size, args.vocab_chunk, args.repeats = 64, 4096, 3
     if args.worker:
-        print(json.dumps(worker(args)))
+        emit(worker(args))
         return
 
     b, t, v, d = args.batch, args.seq, args.vocab, args.hidden

@@ -1,14 +1,14 @@
 """Generation on ragged response lengths: the sampler with and without active-row compaction, and
 continuous batching.
 
-    python scripts/bench_long_tail.py                       # both setups below
-    python scripts/bench_long_tail.py --setups geometric --new-tokens 512 --repeats 5
-    python scripts/bench_long_tail.py --stream-rounds 0     # without the continuous-batching lines
+    python -m benchmarks.long_tail                       # both setups below
+    python -m benchmarks.long_tail --setups geometric --new-tokens 512 --repeats 5
+    python -m benchmarks.long_tail --stream-rounds 0     # without the continuous-batching lines
 
 Setups (each: the same prompts and keys for both samplers; the outputs are checked identical):
 - `cot`: the chain-of-thought task's base model (dapo_jax/assets/cot_base) with configs/cot_dapo.yaml's
   rollout settings (16 prompts x G = 8, 144 new tokens, temperature 1).
-- `geometric`: a random qwen2 model (bench_sampler's `5m` size) whose near-uniform policy stops at
+- `geometric`: a random qwen2 model (benchmarks.sampler's `5m` size) whose near-uniform policy stops at
   each step with probability ~k/V, k = the number of EOS ids: a geometric length distribution with
   mean ~`--mean-frac` x T and a tail to T.
 
@@ -26,15 +26,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks.harness import REPO
 
 
 def cot_setup(args):
@@ -58,7 +54,7 @@ def cot_setup(args):
 
 
 def geometric_setup(args):
-    from bench_sampler import SIZES, build_models, hf_dict, make_prompts
+    from benchmarks.sampler import SIZES, build_models, hf_dict, make_prompts
 
     from dapo_jax.sampling import pad_to_bucket
 

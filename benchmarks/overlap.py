@@ -1,8 +1,8 @@
 """Step time with and without `rollout.overlap` (one-step off-policy rollouts, training/overlap.py).
 
-    python scripts/bench_overlap.py                          # configs/cot_dapo.yaml, 8 steps each
-    python scripts/bench_overlap.py --config tiny_dapo --steps 30
-    python scripts/bench_overlap.py --steps 12 rollout.gen_batch=32   # extra overrides for both runs
+    python -m benchmarks.overlap                          # configs/cot_dapo.yaml, 8 steps each
+    python -m benchmarks.overlap --config tiny_dapo --steps 30
+    python -m benchmarks.overlap --steps 12 rollout.gen_batch=32   # extra overrides for both runs
 
 Runs the config twice, each in its own `dapo-jax train` process and run dir: synchronous, then with
 `rollout.overlap=true`. Both train `objective.name=dapo_tis` (so both recompute log π_old and weigh by
@@ -19,12 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks.harness import median
+from benchmarks.harness import run as run_command
 
 KEYS = ("step_time_s", "rollout_busy_s", "rollout_time_s", "update_time_s", "gen_rounds")
 
@@ -36,8 +37,10 @@ def run(config: str, run_dir: Path, steps: int, overlap: bool, extra: list[str])
         "train.rollouts_every=0", "train.progress=false", "train.tensorboard=false", *extra,
     ]
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "dapo_jax.cli", "train", config, *overrides], check=True,
-                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = run_command([sys.executable, "-m", "dapo_jax.cli", "train", config, *overrides],
+                       env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture=False)
+    if proc.returncode:
+        raise SystemExit(f"[benchmarks.overlap] the run failed (exit {proc.returncode})")
     wall = time.perf_counter() - t0
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [r for r in rows if "step_time_s" in r], wall
@@ -45,7 +48,7 @@ def run(config: str, run_dir: Path, steps: int, overlap: bool, extra: list[str])
 
 def summary(rows: list[dict]) -> dict:
     timed = [r for r in rows if r["step"] > 1]  # step 1 compiles (and is never overlapped)
-    out = {f"median_{k}": statistics.median(r.get(k, 0.0) for r in timed) for k in KEYS}
+    out = {f"median_{k}": median(r.get(k, 0.0) for r in timed) for k in KEYS}
     out.update({f"sum_{k}": sum(r.get(k, 0.0) for r in timed) for k in KEYS[:4]})
     out["timed_steps"] = len(timed)
     return out
@@ -53,7 +56,7 @@ def summary(rows: list[dict]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default="cot_dapo", help="a configs/ name or a YAML path")
+    ap.add_argument("--config", default="cot_dapo", help="a packaged recipe's name or a YAML path")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--out", type=Path, default=None, help="run dirs here (default: a temporary folder)")
     ap.add_argument("overrides", nargs="*", help="section.key=value for both runs")
@@ -64,7 +67,7 @@ def main() -> None:
         for name, overlap in (("sync", False), ("overlap", True)):
             rows, wall = run(args.config, base / name, args.steps, overlap, args.overrides)
             result[name] = {**summary(rows), "process_wall_s": wall}
-            print(f"[bench_overlap] {name}: " + json.dumps({k: round(v, 4) for k, v in result[name].items()}),
+            print(f"[benchmarks.overlap] {name}: " + json.dumps({k: round(v, 4) for k, v in result[name].items()}),
                   flush=True)
     s, o = result["sync"], result["overlap"]
     print(f"\n| run | median step s | median rollout busy s | median rollout wait s | median update s | "

@@ -4,7 +4,7 @@ uniform in [18, MAX_LEN]): the same batch through `make_train_step` and `make_pa
 trainer's default: shared prompts, tails of multiples of R/4; and each response after its own prompt,
 with half-height tails and with none).
 
-    python scripts/bench_packing.py [--max-len 100] [--repeats 3] [--rows 32]
+    python -m benchmarks.packing [--max-len 100] [--repeats 3] [--rows 32]
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from benchmarks.harness import median
 from dapo_jax.models.hf_io import load_pretrained
 from dapo_jax.objectives.registry import load_objective
 from dapo_jax.training.config import OptimSection
@@ -80,7 +81,7 @@ def main():
             state, m = step(state, batch)
             jax.block_until_ready(state)
             times.append(time.perf_counter() - t0)
-        print(f"{name:32s} first call {first:6.2f} s, then median {np.median(times):6.2f} s over {a.repeats}; "
+        print(f"{name:32s} first call {first:6.2f} s, then median {median(times):6.2f} s over {a.repeats}; "
               f"loss {float(m['loss']):.6f} grad_norm {float(m['grad_norm']):.6f}")
 
 

@@ -1,17 +1,17 @@
 """A full DAPO step, side by side: dapo_jax vs TRL's GRPOTrainer vs Tunix's DAPOLearner, same workload.
 
-    python scripts/bench_peers.py                                   # 0.6M, 5M, 15M; peers if installed
-    python scripts/bench_peers.py --trl-python /work/venvs/bench-trl/bin/python \\
+    python -m benchmarks.peers                                      # 0.6M, 5M, 15M; peers if installed
+    python -m benchmarks.peers --trl-python /work/venvs/bench-trl/bin/python \\
         --tunix-python /work/venvs/bench-tunix/bin/python
-    python scripts/bench_peers.py --quick --no-peers                # smallest size, few steps (the test)
+    python -m benchmarks.peers --quick --no-peers                   # smallest size, few steps (the test)
 
 The peers come from the optional extra `pip install -e .[bench]` (TRL; Tunix may want other
 transformers/tokenizers versions than the main install: give it its own venv and `--tunix-python`).
-Each peer runs in a subprocess (`bench_peers_trl.py`, `bench_peers_tunix.py`) under the given
-interpreter and prints one `BENCH_JSON` line; a peer that is not installed or fails is reported as
+Each peer runs in a subprocess (`benchmarks.peers_trl`, `benchmarks.peers_tunix`) under the given
+interpreter and prints the harness's result line; a peer that is not installed or fails is reported as
 such, with the reason, and the others still run.
 
-Same for everyone (`bench_workload.py`): the weights (a random Qwen2-shaped model built here and
+Same for everyone (`benchmarks/workload.py`): the weights (a random Qwen2-shaped model built here and
 saved in Hugging Face safetensors; TRL loads it with transformers, Tunix with its Qwen2 safetensors
 loader), the character tokenizer, the prompts, G, max prompt / response lengths, temperature 1, the
 reward, the objective (DAPO: token-mean, clip-higher 0.2 / 0.28, no KL, group-normalised advantages,
@@ -41,10 +41,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,11 +50,10 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent)]  # bench_workload; dapo_jax from this checkout
-from bench_workload import LENGTH_DIM, QUICK, SIZES, Workload, emit, parse_result, prompt_texts, reward, summarize  # noqa: E402
+from benchmarks.harness import median, run_child
+from benchmarks.workload import LENGTH_DIM, QUICK, SIZES, Workload, emit, prompt_texts, reward, summarize
 
-PEERS = {"trl": HERE / "bench_peers_trl.py", "tunix": HERE / "bench_peers_tunix.py"}
+PEERS = {"trl": "benchmarks.peers_trl", "tunix": "benchmarks.peers_tunix"}
 
 
 # ----------------------------------------------------------------------------- the shared model
@@ -133,7 +130,7 @@ def update_flops(info: dict, seq_lengths: list[int], tokens: int | None = None) 
 
 def flops_rate(info: dict, seqs_per_step: list[list[int]], update_s: list[float]) -> float:
     """Median over the timed steps of update FLOPs / update seconds."""
-    return float(np.median([update_flops(info, seqs) / u for seqs, u in zip(seqs_per_step, update_s)]))
+    return median(update_flops(info, seqs) / u for seqs, u in zip(seqs_per_step, update_s))
 
 
 def matmul_peak(n: int = 1024, repeats: int = 5, dtype: str = "float32") -> float:
@@ -273,20 +270,12 @@ def _run_ours(model_dir, w, info, mesh, *, packing: bool, compaction: bool) -> d
 
 # ----------------------------------------------------------------------------- peers
 def run_peer(name: str, python: str, model_dir: Path, w: Workload, size: str, timeout: float) -> dict:
-    """One peer in a subprocess: its BENCH_JSON figures, or {"error": why}."""
+    """One peer in a subprocess: its result line's figures, or {"error": why}."""
     if not python:
         return {"framework": name, "error": f"skipped: no interpreter for {name} (--{name}-python)"}
-    cmd = [python, str(PEERS[name]), "--model-dir", str(model_dir), "--workload", w.to_json(), "--size", size]
-    env = {**os.environ, "PYTHONPATH": str(HERE)}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {"framework": name, "error": f"timed out after {timeout:.0f} s"}
-    result = parse_result(proc.stdout)
-    if result is None:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-8:]
-        return {"framework": name, "error": f"exit {proc.returncode}: " + " | ".join(tail)}
-    return result
+    args = ["--model-dir", str(model_dir), "--workload", w.to_json(), "--size", size]
+    result = run_child(PEERS[name], args, python=python, timeout=timeout)
+    return {"framework": name, **result} if "error" in result else result
 
 
 def default_python(name: str) -> str:
@@ -358,10 +347,10 @@ def main(argv=None) -> int:
 
     load = os.getloadavg()
     peak = matmul_peak()
-    print(f"[bench_peers] {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, "
+    print(f"[benchmarks.peers] {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, "
           f"load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, jax {jax.__version__} on {jax.devices()[0].platform}, "
           f"matmul peak {peak / 1e9:.1f} GFLOP/s (f32 1024^3 jnp.dot, best of 5)", flush=True)
-    print(f"[bench_peers] workload: {w.to_json()}", flush=True)
+    print(f"[benchmarks.peers] workload: {w.to_json()}", flush=True)
     available = {"base": (False, False)}
     if has_compaction():
         available["compaction"] = (False, True)
@@ -372,7 +361,7 @@ def main(argv=None) -> int:
     names = list(available)[-1:] if args.quick and not args.variants else (args.variants or ",".join(available)).split(",")
     missing = [n for n in names if n not in available]
     if missing:
-        print(f"[bench_peers] dapo_jax variant(s) {missing} not available in this checkout (have {list(available)})")
+        print(f"[benchmarks.peers] dapo_jax variant(s) {missing} not available in this checkout (have {list(available)})")
     variants = [available[n] for n in names if n in available]
     all_results = []
     for size in sizes:

@@ -1,6 +1,6 @@
-"""TRL's GRPOTrainer on the `bench_peers.py` workload (run by it in a subprocess; prints one BENCH_JSON line).
+"""TRL's GRPOTrainer on the `benchmarks.peers` workload (run by it in a subprocess; prints the result line).
 
-    python scripts/bench_peers_trl.py --model-dir DIR --workload '{"prompts": 8, ...}' --size 5m
+    python -m benchmarks.peers_trl --model-dir DIR --workload '{"prompts": 8, ...}' --size 5m
 
 DAPO in TRL's terms: loss_type="dapo" (token mean over the global batch), epsilon 0.2 / epsilon_high
 0.28, beta 0 (no reference model), scale_rewards="group", num_iterations 1, one optimizer step per
@@ -16,13 +16,10 @@ generate = the time inside `_generate_single_turn` (transformers `generate`); ho
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_workload import emit, peer_args, prompt_texts, reward, summarize  # noqa: E402
+from benchmarks.workload import emit, peer_args, prompt_texts, reward, summarize
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,6 @@
-"""Tunix's DAPOLearner on the `bench_peers.py` workload (run by it in a subprocess; prints one BENCH_JSON line).
+"""Tunix's DAPOLearner on the `benchmarks.peers` workload (run by it in a subprocess; prints the result line).
 
-    python scripts/bench_peers_tunix.py --model-dir DIR --workload '{"prompts": 8, ...}' --size 5m
+    python -m benchmarks.peers_tunix --model-dir DIR --workload '{"prompts": 8, ...}' --size 5m
 
 The model is loaded by Tunix's own Qwen2 safetensors loader (`tunix.models.qwen2.params`) with the
 shape of config.json; rollouts by its "vanilla" engine (its JAX KV-cache sampler) on the same one-device
@@ -17,12 +17,10 @@ Compilations after step 1 are counted with the same jax.monitoring event as dapo
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_workload import emit, peer_args, prompt_texts, reward, summarize  # noqa: E402
+from benchmarks.workload import emit, peer_args, prompt_texts, reward, summarize
 
 
 def main(argv=None) -> int:

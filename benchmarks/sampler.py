@@ -1,8 +1,8 @@
 """Generated tokens per second: dapo_jax's KV-cache sampler vs transformers `generate` (torch), same weights.
 
-    python scripts/bench_sampler.py                      # 0.6M, 5M, 15M params; 64 seqs x 128 new tokens
-    python scripts/bench_sampler.py --sizes 5m --repeats 5
-    python scripts/bench_sampler.py --gpu-size           # Qwen2.5-0.5B-shaped random model (for a GPU)
+    python -m benchmarks.sampler                      # 0.6M, 5M, 15M params; 64 seqs x 128 new tokens
+    python -m benchmarks.sampler --sizes 5m --repeats 5
+    python -m benchmarks.sampler --gpu-size           # Qwen2.5-0.5B-shaped random model (for a GPU)
 
 Both run in the same process back to back, interleaved, `--repeats` times; the best time of each is
 reported (the machine may be shared). Compile time of the JAX sampler is measured separately and

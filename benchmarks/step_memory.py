@@ -1,13 +1,13 @@
 """Peak host memory of one DAPO step (rollout + update) of a Qwen2.5-0.5B-shaped model on CPU.
 
-    python scripts/bench_step_memory.py make-model /tmp/qwen0.5b-random  # random bf16 weights, 494M params
-    python scripts/bench_step_memory.py run /tmp/qwen0.5b-random          # one step under /usr/bin/time -v
-    python scripts/bench_step_memory.py plan /tmp/qwen0.5b-random         # `dapo-jax plan` of the same step
-    python scripts/bench_step_memory.py remat                             # does remat free activations here?
+    python -m benchmarks.step_memory make-model /tmp/qwen0.5b-random  # random bf16 weights, 494M params
+    python -m benchmarks.step_memory run /tmp/qwen0.5b-random          # one step under /usr/bin/time -v
+    python -m benchmarks.step_memory plan /tmp/qwen0.5b-random         # `dapo-jax plan` of the same step
+    python -m benchmarks.step_memory remat                             # does remat free activations here?
 
 `make-model` writes Qwen2.5-0.5B's config.json values with random bf16 weights (988 MB) and the
 Qwen2.5 tokenizer from ../shared/tokenizers/qwen2.5 into a folder outside the checkout. `run` trains
-configs/qwen2.5-0.5b-gsm8k-dapo.yaml (float32 master weights, bf16 compute, dots_saveable remat) for
+the recipe qwen2.5-0.5b-gsm8k-dapo (float32 master weights, bf16 compute, dots_saveable remat) for
 one step with the overrides below (G=2, 64 new tokens, 2 prompts, no evaluation, GSM8K test prompts
 from ../shared) and prints the process's maximum resident set size. Run one at a time: it needs
 about 13 GiB and several minutes on 2 cores.
@@ -19,7 +19,6 @@ import argparse
 import json
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,9 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.harness import REPO as ROOT
+from benchmarks.harness import run as run_command
+
 SHARED = ROOT.parent / "shared"
-sys.path.insert(0, str(ROOT))
 CONFIG = ROOT / "dapo_jax" / "configs" / "qwen2.5-0.5b-gsm8k-dapo.yaml"
 
 QWEN25_05B = dict(  # Qwen2.5-0.5B-Instruct's config.json (shapes and constants; weights here are random)
@@ -91,7 +91,7 @@ def run(model_dir: str, extra: list[str]) -> None:
            *overrides(model_dir, run_dir), *extra]
     print(" ".join(cmd[2:]), flush=True)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    proc = run_command(cmd)
     wall = time.perf_counter() - t0
     shutil.rmtree(run_dir, ignore_errors=True)
     rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr)
@@ -105,7 +105,7 @@ def run(model_dir: str, extra: list[str]) -> None:
 def plan(model_dir: str, extra: list[str]) -> None:
     cmd = [sys.executable, "-m", "dapo_jax.cli", "plan", str(CONFIG), *overrides(model_dir, "/tmp/unused"), *extra]
     print(" ".join(cmd[1:]), flush=True)
-    raise SystemExit(subprocess.run(cmd, cwd=ROOT).returncode)
+    raise SystemExit(run_command(cmd, capture=False).returncode)
 
 
 def remat() -> None:

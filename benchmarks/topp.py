@@ -1,7 +1,7 @@
 """top-p / top-k without a vocabulary sort: the new `truncation_mask` vs the sorted reference.
 
-    python scripts/bench_topp.py                          # V 99, 32000, 151936; B 8, 64
-    python scripts/bench_topp.py --vocab 151936 --batch 8 --repeats 9
+    python -m benchmarks.topp                          # V 99, 32000, 151936; B 8, 64
+    python -m benchmarks.topp --vocab 151936 --batch 8 --repeats 9
 
 For each vocabulary size V, batch B, truncation setting and logit shape it times, jitted and after a
 warm-up call, the filter alone (`truncation_mask` on `[B, V]` float32 log-probs) and a whole draw
@@ -25,6 +25,8 @@ import time
 from unittest import mock
 
 import numpy as np
+
+from benchmarks.harness import median, median_time
 
 SETTINGS = [  # (top_k, top_p, logit shapes)
     (0, 0.7, ("peaked", "flat")),
@@ -86,7 +88,7 @@ def bench_one(vocab: int, batch: int, top_k: int, top_p: float, shape: str, repe
                 start = time.perf_counter()
                 jax.block_until_ready(call())
                 times[name, what].append(time.perf_counter() - start)
-    ms = {key: 1e3 * float(np.median(v)) for key, v in times.items()}
+    ms = {key: 1e3 * median(v) for key, v in times.items()}
     return dict(vocab=vocab, batch=batch, top_k=top_k, top_p=top_p, shape=shape, same=same, ms=ms,
                 kept=float(np.asarray(results["new"][0]).sum(-1).mean()))
 
@@ -102,13 +104,7 @@ def plain_draw_ms(vocab: int, batch: int, repeats: int) -> float:
     logits = jnp.asarray(make_logits("peaked", batch, vocab))
     uniform = jax.random.uniform(jax.random.key(1), (batch,))
     draw = jax.jit(lambda u, x: draw_tokens(u, x, config=config))
-    jax.block_until_ready(draw(uniform, logits))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(draw(uniform, logits))
-        times.append(time.perf_counter() - start)
-    return 1e3 * float(np.median(times))
+    return 1e3 * median_time(draw, uniform, logits, repeats=repeats)[1]
 
 
 def main(argv=None):

@@ -1,10 +1,10 @@
 """Where a policy update's time goes on this backend: XLA ops by kind, from a profiler trace.
 
-    python scripts/bench_update_ops.py                 # 5M bench model, one packed chunk [32, 80]
-    python scripts/bench_update_ops.py --size 15m --rows 32 --length 80
-    python scripts/bench_update_ops.py --size cot --rows 32 --length 192   # the main job's model and chunk
+    python -m benchmarks.update_ops                    # 5M bench model, one packed chunk [32, 80]
+    python -m benchmarks.update_ops --size 15m --rows 32 --length 80
+    python -m benchmarks.update_ops --size cot --rows 32 --length 192   # the main job's model and chunk
 
-Prints, for one forward + backward of `packed_logprobs` on a packed chunk of the `scripts/bench_peers.py`
+Prints, for one forward + backward of `packed_logprobs` on a packed chunk of the `benchmarks.peers`
 model (random weights, segments of 10-59 tokens): the median wall time, the matmul FLOP rate (6 x
 matmul parameters x positions), and the wall time attributed to each kind of XLA op (time split
 equally among the ops running at once; `idle` = no op running between the first and last op).
@@ -27,27 +27,18 @@ import collections
 import glob
 import json
 import re
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-from bench_workload import SIZES  # noqa: E402
+from benchmarks.harness import median_time
+from benchmarks.workload import SIZES
 
 
 def median_s(fn, *args, repeats: int) -> float:
-    import jax
-
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t)
-    return float(np.median(times))
+    return median_time(fn, *args, repeats=repeats)[1]
 
 
 def op_kinds(fn, *args, runs: int = 2) -> tuple[dict, float, float]:
@@ -88,7 +79,7 @@ def op_kinds(fn, *args, runs: int = 2) -> tuple[dict, float, float]:
 
 
 def model_config(size: str):
-    """The bench model of that size (bench_peers.py), or `cot`: the main job's `cot_base` shape."""
+    """The bench model of that size (benchmarks/peers.py), or `cot`: the main job's `cot_base` shape."""
     from dapo_jax.models.config import ModelConfig
 
     if size == "cot":

@@ -1,16 +1,16 @@
-"""The workload `scripts/bench_peers.py` gives every framework: sizes, prompts, reward, the figures' format.
+"""The workload `benchmarks.peers` gives every framework: sizes, prompts, reward, the figures' format.
 
 Pure Python + numpy (no dapo_jax, jax or torch import), so each peer's runner
-(`bench_peers_trl.py`, `bench_peers_tunix.py`), which may run under another interpreter, reads the very
-same definition. A runner prints exactly one line `BENCH_JSON {...}` with its figures; the parent
-collects it (`parse_result`).
+(`benchmarks.peers_trl`, `benchmarks.peers_tunix`), which may run under another interpreter, reads the
+very same definition. A runner prints its figures as the harness's result line (`harness.emit`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import statistics
+
+from benchmarks.harness import emit, median, parse_result  # noqa: F401  (the runners' one import)
 
 # Qwen2-shaped models over the 98-token character vocabulary (dapo_jax/data/char_tokenizer.py), untied
 # embeddings (the length control below needs a separate lm_head). Parameter counts include both
@@ -24,9 +24,8 @@ SIZES = {
     "15m": dict(hidden_size=384, num_hidden_layers=9, num_attention_heads=6, num_key_value_heads=2, head_dim=64,
                 intermediate_size=1152),
 }
-LENGTH_DIM = 0  # the residual dimension that carries the constant EOS signal (see bench_peers.build_model)
+LENGTH_DIM = 0  # the residual dimension that carries the constant EOS signal (see peers.build_model)
 PROMPT_ALPHABET = "abcdefghijklmnopqrstuvwxyz"
-RESULT_TAG = "BENCH_JSON "
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,10 +79,6 @@ def reward(completion: str) -> float:
     return 1.0 if len(completion) % 3 == 0 else -1.0
 
 
-def median(xs) -> float:
-    return float(statistics.median(xs)) if xs else float("nan")
-
-
 def peer_args(argv=None):
     """`(args, workload)` from a peer runner's command line: --model-dir, --workload (JSON), --size."""
     import argparse
@@ -94,17 +89,6 @@ def peer_args(argv=None):
     ap.add_argument("--size", default="")
     args = ap.parse_args(argv)
     return args, Workload.from_json(args.workload)
-
-
-def emit(result: dict) -> None:
-    print(RESULT_TAG + json.dumps(result), flush=True)
-
-
-def parse_result(stdout: str) -> dict | None:
-    for line in reversed(stdout.splitlines()):
-        if line.startswith(RESULT_TAG):
-            return json.loads(line[len(RESULT_TAG):])
-    return None
 
 
 def summarize(step_s, generate_s, update_s, lengths_per_step, *, warmup: int, host_s=None) -> dict:

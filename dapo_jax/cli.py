@@ -62,9 +62,9 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from dapo_jax.evaluation.report import flat_metrics, print_report, write_report
-    from dapo_jax.evaluation.run import EvalFlags, resolve_target, run_eval
-    from dapo_jax.evaluation.sets import parse_data
+    from dapo_jax.eval_command.report import flat_metrics, print_report, write_report
+    from dapo_jax.eval_command.run import EvalFlags, resolve_target, run_eval
+    from dapo_jax.eval_command.sets import parse_data
 
     target, overrides = _split_config_and_overrides(args.items)
     # `--data a.jsonl model.dtype=bfloat16`: the greedy --data list took a config override; give it back

@@ -548,12 +548,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     return config_from_dict(data, source=str(path), overridden={key for key, _ in parsed})
 
 
-def _model_in(annotation) -> type[BaseModel] | None:
+def section_model(annotation) -> type[BaseModel] | None:
     """The section class inside a field's annotation (`X`, `X | None`, `list[X]`)."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in typing.get_args(annotation):
-        if (found := _model_in(arg)) is not None:
+        if (found := section_model(arg)) is not None:
             return found
     return None
 
@@ -562,7 +562,7 @@ def _all_keys(model: type[BaseModel] = None, prefix: str = "") -> list[str]:
     """Every dotted key of the config: `optim.lr`, `train.wandb.project`, `reward.functions.name`, ..."""
     out = []
     for name, field in (model or RunConfig).model_fields.items():
-        sub = _model_in(field.annotation)
+        sub = section_model(field.annotation)
         out += _all_keys(sub, f"{prefix}{name}.") if sub is not None else [f"{prefix}{name}"]
     return out
 
@@ -575,7 +575,7 @@ def _suggest(loc: tuple) -> str:
         if isinstance(part, int) or section is None:
             continue
         field = section.model_fields.get(part)
-        section = _model_in(field.annotation) if field is not None else None
+        section = section_model(field.annotation) if field is not None else None
     if section is None:
         return ""
     key, names = str(loc[-1]), list(section.model_fields)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from dapo_jax.training.config import REPO_ROOT, ObjectiveSection, RunConfig
+from dapo_jax.training.config import REPO_ROOT, ObjectiveSection, RunConfig, section_model
 
 DOC = REPO_ROOT / "docs" / "configuration.md"
 
@@ -117,15 +117,6 @@ def _attributes(cls: type) -> dict[str, str]:
     return out
 
 
-def _section_in(annotation) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        if (found := _section_in(arg)) is not None:
-            return found
-    return None
-
-
 def _type(annotation) -> str:
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin is typing.Literal:
@@ -178,7 +169,7 @@ def _table(cls: type[BaseModel], prefix: str, notes: dict[str, str],
     rows, nested = ["| key | type | default | what |", "|---|---|---|---|"], []
     for name, field in cls.model_fields.items():
         key = f"{prefix}{name}"
-        sub = _section_in(field.annotation)
+        sub = section_model(field.annotation)
         if sub is not None and sub is not cls:
             nested.append((key, sub, field))
         kind = _type(field.annotation)
@@ -216,7 +207,7 @@ def render() -> str:
 
     lines = [HEADER, "Sections: " + ", ".join(f"[`{k}`](#{k})" for k in RunConfig.model_fields) + ".", ""]
     for name, field in RunConfig.model_fields.items():
-        sub = _section_in(field.annotation)
+        sub = section_model(field.annotation)
         if sub is ObjectiveSection:
             lines += ["## `objective`", "", " ".join(inspect.getdoc(ObjectiveSection).split()),
                       "`name` picks a recipe of `dapo_jax/configs/objectives/` (or a YAML file); every other key "

@@ -1,19 +1,14 @@
-"""scripts/bench_device.py: the FLOP count against a hand count, the device peak table, and a `--quick` run
+"""benchmarks/device.py: the FLOP count against a hand count, the device peak table, and a `--quick` run
 of a train and a decode phase (each in its own process) whose figures agree with their own inputs."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-sys.path.insert(0, str(SCRIPTS))
-
-import bench_device  # noqa: E402
+from benchmarks import device as bench_device
 
 
 def test_the_model_is_qwen25_05b_shaped():

@@ -1,16 +1,12 @@
-"""scripts/bench_long_tail.py runs end to end on a few cot prompts: generate with and without
+"""benchmarks/long_tail.py runs end to end on a few cot prompts: generate with and without
 compaction (outputs checked identical inside the script) and the continuous stream beside them."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-
-import bench_long_tail  # noqa: E402
+from benchmarks import long_tail as bench_long_tail
 
 
 @pytest.mark.slow

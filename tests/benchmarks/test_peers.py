@@ -1,4 +1,4 @@
-"""scripts/bench_peers.py: our side of `--quick` runs and prints sane figures; the peers' ratios come
+"""benchmarks/peers.py: our side of `--quick` runs and prints sane figures; the peers' ratios come
 from the figures; the peers themselves only where installed (`pip install -e .[bench]`)."""
 
 from __future__ import annotations
@@ -10,11 +10,8 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-sys.path.insert(0, str(SCRIPTS))
-
-import bench_peers  # noqa: E402
-from bench_workload import QUICK, parse_result, summarize  # noqa: E402
+from benchmarks import peers as bench_peers
+from benchmarks.workload import QUICK, parse_result, summarize
 
 
 @pytest.fixture(scope="module")

@@ -1,18 +1,14 @@
-"""scripts/bench_update_ops.py: the op-kind attribution of a profiler trace accounts for the traced span,
+"""benchmarks/update_ops.py: the op-kind attribution of a profiler trace accounts for the traced span,
 and the script runs end to end on a small chunk."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-
-import bench_update_ops  # noqa: E402
+from benchmarks import update_ops as bench_update_ops
 
 
 def test_op_kinds_split_the_span():

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from dapo_jax.cli import main
-from dapo_jax.evaluation.run import EvalFlags, resolve_target, run_eval
+from dapo_jax.eval_command.run import EvalFlags, resolve_target, run_eval
 from dapo_jax.training.config import REPO_ROOT, ConfigError
 
 TINY_BASE = REPO_ROOT / "dapo_jax" / "assets" / "tiny_base"
@@ -38,7 +38,7 @@ def test_eval_of_the_last_checkpoint_reproduces_the_final_eval_exactly(tiny_run,
 
 
 def test_checkpoint_0_is_the_base_model_and_other_settings_are_named(tiny_run):
-    from dapo_jax.evaluation.run import _compare_with_training
+    from dapo_jax.eval_command.run import _compare_with_training
 
     run_dir, _ = tiny_run
     first = next(json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines())
@@ -86,7 +86,7 @@ def test_base_model_takes_its_generation_config_defaults(tmp_path):
                                                               "top_p": 0.9, "top_k": 20}))
     with pytest.raises(ConfigError, match="pass --data"):  # a base model has no eval set of its own
         run_eval(resolve_target(model), [], EvalFlags(k=1))
-    from dapo_jax.evaluation.run import settings_for
+    from dapo_jax.eval_command.run import settings_for
     from dapo_jax.models import load_generation_config
 
     s = settings_for(resolve_target(model), EvalFlags(top_k=5), load_generation_config(model))

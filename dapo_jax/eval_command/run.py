@@ -16,11 +16,10 @@ its sampling defaults come from its `generation_config.json` unless flags set th
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from pathlib import Path
 
-from dapo_jax.evaluation.sets import EvalSet
+from dapo_jax.eval_command.sets import EvalSet
 from dapo_jax.training.config import ConfigError, RunConfig, config_from_dict, load_config, parse_overrides
 
 _BASE_RUN_DIR = "<no run: a base model>"

@@ -2,7 +2,7 @@
 
 import json
 
-from dapo_jax.evaluation.report import default_out, flat_metrics, print_report, write_report
+from dapo_jax.eval_command.report import default_out, flat_metrics, print_report, write_report
 
 REPORT = {"model": "m", "model_path": "/x/Qwen2.5-0.5B", "step": 0, "run_dir": None,
           "settings": {"k": 2, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 8, "batch_size": 4,
