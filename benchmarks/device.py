@@ -5,7 +5,7 @@
     python -m benchmarks.device --phases decode_512 --decode-prompts 8 --json out.jsonl
 
 The model is Qwen2.5-0.5B's config.json (`step_memory.QWEN25_05B`) with random weights: bf16
-compute, float32 master weights, `remat: dots_saveable`, as `configs/qwen2.5-0.5b-gsm8k-dapo.yaml`.
+compute, float32 master weights, `remat: dots_saveable`, as the recipe `qwen2.5-0.5b-gsm8k-dapo`.
 Each phase runs in a process of its own, so its peak memory is its own:
 - `train`: one DAPO update (`make_packed_train_step`, as the loop builds it, in `--micro-batches` micro-batches
   as the recipe's 4) on `--prompts` prompts of `--prompt-len` tokens x G = `--group` responses of ragged

@@ -6,7 +6,7 @@ continuous batching.
     python -m benchmarks.long_tail --stream-rounds 0     # without the continuous-batching lines
 
 Setups (each: the same prompts and keys for both samplers; the outputs are checked identical):
-- `cot`: the chain-of-thought task's base model (dapo_jax/assets/cot_base) with configs/cot_dapo.yaml's
+- `cot`: the chain-of-thought task's base model (dapo_jax/assets/cot_base) with the cot_dapo recipe's
   rollout settings (16 prompts x G = 8, 144 new tokens, temperature 1).
 - `geometric`: a random qwen2 model (benchmarks.sampler's `5m` size) whose near-uniform policy stops at
   each step with probability ~k/V, k = the number of EOS ids: a geometric length distribution with

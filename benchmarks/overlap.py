@@ -1,6 +1,6 @@
 """Step time with and without `rollout.overlap` (one-step off-policy rollouts, training/overlap.py).
 
-    python -m benchmarks.overlap                          # configs/cot_dapo.yaml, 8 steps each
+    python -m benchmarks.overlap                          # the cot_dapo recipe, 8 steps each
     python -m benchmarks.overlap --config tiny_dapo --steps 30
     python -m benchmarks.overlap --steps 12 rollout.gen_batch=32   # extra overrides for both runs
 
