@@ -1,7 +1,7 @@
 """Attention's cost per implementation (models/attention.py): memory from compiled TPU programs, time on this CPU.
 
-    python scripts/bench_attention.py memory --topology v5e:2x2 --lengths 8192 16384 20480
-    python scripts/bench_attention.py time --lengths 128 256 512 1024 2048 --heads 14 2 --head-dim 64
+    python -m benchmarks.attention memory --topology v5e:2x2 --lengths 8192 16384 20480
+    python -m benchmarks.attention time --lengths 128 256 512 1024 2048 --heads 14 --kv-heads 2 --head-dim 64
 
 `memory`: one attention's forward + backward (the gradient of a sum of its output w.r.t. q, k and v) at
 Qwen2.5-0.5B's attention shape (14 query / 2 key-value heads of 64, bf16, one row) compiled for one
@@ -10,15 +10,16 @@ the compile time. A program the TPU compiler refuses prints its "required / avai
 
 `time`: the median wall time of the same forward + backward on this machine's CPU per implementation
 (reference and blockwise), the figure `auto`'s CPU threshold (`attention.CPU_BLOCKWISE_FROM`) comes from.
-Each line is one JSON record.
+Each measurement is one result line (`benchmarks.harness.emit`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
+
+from benchmarks.harness import emit, median_time
 
 IMPLS_TPU = ("reference", "blockwise", "splash")
 
@@ -69,11 +70,10 @@ def memory(args) -> None:
             except Exception as e:  # noqa: BLE001 - a refusal is a result
                 rec["error"] = str(e).splitlines()[0][:300]
             rec["compile_s"] = round(time.perf_counter() - t0, 1)
-            print(json.dumps(rec), flush=True)
+            emit(rec)
 
 
 def timing(args) -> None:
-    import jax
     import jax.numpy as jnp
     import numpy as np
 
@@ -82,17 +82,10 @@ def timing(args) -> None:
             ins = shapes(s, args.heads, args.kv_heads, args.head_dim, jnp.float32)
             arrays = [jnp.asarray(np.random.default_rng(0).normal(size=x.shape), x.dtype) for x in ins[:3]]
             arrays.append(jnp.ones(ins[3].shape, jnp.int32))
-            fn = attention_grad(impl)
-            jax.block_until_ready(fn(*arrays))
-            times = []
-            for _ in range(args.repeats):
-                t0 = time.perf_counter()
-                jax.block_until_ready(fn(*arrays))
-                times.append(time.perf_counter() - t0)
-            print(json.dumps({"what": "attention fwd+bwd time (cpu)", "impl": impl, "seq_len": s, "heads": args.heads,
-                              "kv_heads": args.kv_heads, "head_dim": args.head_dim,
-                              "median_ms": round(1e3 * float(np.median(times)), 3),
-                              "min_ms": round(1e3 * min(times), 3)}), flush=True)
+            first, med = median_time(attention_grad(impl), *arrays, repeats=args.repeats)
+            emit({"what": "attention fwd+bwd time (cpu)", "impl": impl, "seq_len": s, "heads": args.heads,
+                  "kv_heads": args.kv_heads, "head_dim": args.head_dim, "median_ms": round(1e3 * med, 3),
+                  "first_s": round(first, 2)})
 
 
 def main(argv=None) -> int:
