@@ -80,7 +80,7 @@ KNOWN_SHAPES: dict[str, dict] = {
 def _fold(name: str) -> str:
     """`Meta-Llama-3.1-8B_Instruct` -> `meta-llama-3.1-8b-instruct`; `Qwen2_5-7B` -> `qwen2.5-7b`."""
     name = name.lower().replace("_", "-")
-    return re.sub(r"(qwen\d)-(\d)", r"\1.\2", name)
+    return re.sub(r"(qwen\d)-(\d)(?=-)", r"\1.\2", name)
 
 
 def known_shape(name: str) -> tuple[str, dict] | None:

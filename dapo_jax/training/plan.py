@@ -37,6 +37,8 @@ from dapo_jax.training.config import ConfigError, RunConfig, resolve_path
 from dapo_jax.training.plan_compile import GiB, Figures, cache_dir, extrapolate, lower_for, package_versions
 
 EXTRAPOLATE_FROM = (2, 3)  # layers compiled when extrapolating (a scan needs 2 or more)
+UNROLLED = ("rollout", "eval rollout")  # phases whose programs unroll the layers (the sampler's KV-cache loop)
+SMALL = 256 * 2**20  # temporaries below this may sit in a TPU's on-chip VMEM, which memory_analysis leaves out
 
 
 @dataclasses.dataclass
@@ -192,11 +194,11 @@ def make_plan(cfg: RunConfig, *, topology: str | None = None, device_memory_gib:
     jobs = jobs or min(4, os.cpu_count() or 1)
     model_cfg, source = plan_model_config(cfg, model_config)
     devices, tpu_slice = plan_devices(cfg, topology)
-    target = (f"{tpu_slice.name} ({len(devices)} x {devices[0].device_kind})" if tpu_slice is not None
-              else f"{len(devices)} x {devices[0].device_kind}")
     mesh = make_mesh_for(cfg, devices, tpu_slice.name if tpu_slice is not None else "this host")
     check_divisible(model_cfg, mesh)
     n = mesh.devices.size
+    used = f"{n} x {devices[0].device_kind}" if n == len(devices) else f"{n} of {len(devices)} x {devices[0].device_kind}"
+    target = f"{tpu_slice.name} ({used})" if tpu_slice is not None else used
     capacity, capacity_source = _capacity(devices, n, device_memory_gib, tpu_slice)
     layers = model_cfg.num_hidden_layers
     compile_at = (layers,) if exact or layers <= max(EXTRAPOLATE_FROM) else EXTRAPOLATE_FROM
@@ -230,18 +232,28 @@ def make_plan(cfg: RunConfig, *, topology: str | None = None, device_memory_gib:
         with ThreadPoolExecutor(max(1, jobs)) as pool:
             for name, count, result in pool.map(run, pending):
                 measured.setdefault(name, {})[count] = result
+            # a small unrolled program (the sampler's) may keep its buffers in the TPU's on-chip VMEM at 2 or 3
+            # layers, which memory_analysis does not count, and not at the full depth: compile those whole
+            small = {name for name, by in measured.items() if jobs_of[name].phase in UNROLLED and len(compile_at) > 1
+                     and by[compile_at[-1]][0].temporaries < SMALL and mesh.devices.flat[0].platform == "tpu"}
+            again = [j for j in full.jobs() if j.name in small] if small else []
+            pending = [(j.name, layers, lower_for(j.lower, target=key, args=(j.args, j.kwargs), resident=j.resident,
+                                                  held=j.held, cache=cache)) for j in again]
+            whole = {name: result for name, _, result in pool.map(run, pending)}
         resident = full.resident()
         programs = []
         for name, by_layers in measured.items():
             job = jobs_of[name]
-            if len(by_layers) == 1:
-                figures = next(iter(by_layers.values()))[0]
+            seconds, cached = sum(v[1] for v in by_layers.values()), all(v[2] for v in by_layers.values())
+            if name in whole:
+                figures, layers_used = whole[name][0], (layers,)
+                seconds, cached = seconds + whole[name][1], cached and whole[name][2]
+            elif len(by_layers) == 1:
+                figures, layers_used = next(iter(by_layers.values()))[0], tuple(by_layers)
             else:
                 (l0, (f0, *_)), (l1, (f1, *_)) = sorted(by_layers.items())
-                figures = extrapolate(f0, f1, l0, l1, layers)
-            programs.append(ProgramPlan(name, job.phase, figures, job.attention, job.shape,
-                                        sum(v[1] for v in by_layers.values()), all(v[2] for v in by_layers.values()),
-                                        tuple(sorted(by_layers))))
+                figures, layers_used = extrapolate(f0, f1, l0, l1, layers), (l0, l1)
+            programs.append(ProgramPlan(name, job.phase, figures, job.attention, job.shape, seconds, cached, layers_used))
         params_copy = shard_bytes_of(full.state.params)
     refusal_hbm = [p.figures.available for p in programs if p.figures.available]
     if refusal_hbm and device_memory_gib is None:
