@@ -118,11 +118,25 @@ class Plan:
 def plan_model_config(cfg: RunConfig, model_config: str | Path | None = None):
     """`(ModelConfig, source)`: `--model-config`'s config.json, model.path's, else the published shape its
     folder's name names (`known_shapes.py`)."""
+    m = cfg.model
+    overrides = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat=m.remat, attention=m.attention)
+    return _model_config(m.path, model_config, overrides, key="model.path")
+
+
+def critic_model_config(cfg: RunConfig, policy_cfg):
+    """The critic's trunk: `critic.path`'s shapes when it names another model, else the policy's."""
+    path = cfg.critic_optim.path
+    if path is None or resolve_path(path) == resolve_path(cfg.model.path):
+        return policy_cfg
+    m = cfg.model
+    overrides = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat=m.remat, attention=m.attention)
+    return _model_config(path, None, overrides, key="critic.path")[0]
+
+
+def _model_config(model_path, model_config, overrides, *, key: str):
     from dapo_jax.models.config import ModelConfig
     from dapo_jax.training.known_shapes import KNOWN_SHAPES, known_shape
 
-    m = cfg.model
-    overrides = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat=m.remat, attention=m.attention)
     if model_config is not None:
         path = Path(model_config)
         if path.is_dir():
@@ -130,14 +144,14 @@ def plan_model_config(cfg: RunConfig, model_config: str | Path | None = None):
         if not path.is_file():
             raise ConfigError(f"--model-config {model_config}: no such config.json")
         return ModelConfig.from_pretrained(path, **overrides), str(path)
-    path = resolve_path(m.path)
+    path = resolve_path(model_path)
     if (path / "config.json").exists():
         return ModelConfig.from_pretrained(path, **overrides), str(path / "config.json")
     found = known_shape(path.name)
     if found is not None:
         name, hf = found
         return ModelConfig.from_hf_dict(hf, **overrides), f"{name}'s published config.json ({path} is absent)"
-    raise ConfigError(f"model.path: no config.json at {path} and its name matches none of the published shapes the "
+    raise ConfigError(f"{key}: no config.json at {path} and its name matches none of the published shapes the "
                       f"plan knows ({', '.join(KNOWN_SHAPES)}): pass --model-config path/to/config.json")
 
 
@@ -201,6 +215,8 @@ def make_plan(cfg: RunConfig, *, topology: str | None = None, device_memory_gib:
     target = f"{tpu_slice.name} ({used})" if tpu_slice is not None else used
     capacity, capacity_source = _capacity(devices, n, device_memory_gib, tpu_slice)
     layers = model_cfg.num_hidden_layers
+    critic_layers = critic_model_config(cfg, model_cfg).num_hidden_layers if cfg.objective_config.uses_critic else layers
+    exact = exact or critic_layers != layers  # a critic of another depth: no single line in the layers
     compile_at = (layers,) if exact or layers <= max(EXTRAPOLATE_FROM) else EXTRAPOLATE_FROM
     versions = package_versions()
     key = f"{target} mesh {dict(mesh.shape)} {tpu_slice.topology_kwargs() if tpu_slice else ''} {versions}"

@@ -336,9 +336,13 @@ def _abstract_critic(cfg: RunConfig, model_cfg, mesh):
     from dapo_jax.models.decoder import Decoder
     from dapo_jax.models.value_head import ValueModel
     from dapo_jax.training.critic import Critic
+    from dapo_jax.training.plan import critic_model_config
     from dapo_jax.training.train_step import TrainState
 
-    model = nnx.eval_shape(lambda: ValueModel(Decoder(model_cfg, rngs=nnx.Rngs(0)), rngs=nnx.Rngs(1)))
+    # the policy's model (at the depth this world is compiled at), or critic.path's when it names another
+    # (make_plan then compiles every layer: the two have no common line in the layers)
+    trunk = critic_model_config(cfg, model_cfg)
+    model = nnx.eval_shape(lambda: ValueModel(Decoder(trunk, rngs=nnx.Rngs(0)), rngs=nnx.Rngs(1)))
     graphdef, params = nnx.split(model)
     params = place_params(params, mesh, prefix="trunk/")
     scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, PartitionSpec()))

@@ -30,11 +30,11 @@ def count(n: int) -> str:
 
 
 def verdict_lines(plan: Plan) -> list[str]:
-    """The verdict: one line if it fits, one per phase that does not."""
+    """The verdict: one line if it fits, one per phase that does not (in GiB, or MiB below 1 GiB)."""
     cap = f"the chip has {gib(plan.capacity)} GiB" if plan.capacity else "capacity unknown"
     if plan.fits:
-        room = f", {gib(plan.capacity - plan.peak)} GiB to spare of {gib(plan.capacity)}" if plan.capacity else ""
-        return [f"VERDICT: fits: peak {gib(plan.peak)} GiB per device ({plan.peak_phase}){room}"]
+        room = f", {human(plan.capacity - plan.peak)} to spare of {human(plan.capacity)}" if plan.capacity else ""
+        return [f"VERDICT: fits: peak {human(plan.peak)} per device ({plan.peak_phase}){room}"]
     lines = ["VERDICT: does not fit"]
     for phase in plan.over():
         lines.append(f"  {phase.name} does not fit: needs {gib(phase.total)} GiB per device, {cap}"
@@ -60,9 +60,8 @@ def format_plan(plan: Plan, *, title: str = "") -> str:
         f"per device, {unit}",
     ]
     names = [p.name for p in plan.phases]
-    width = max(12, *(len(n) + 2 for n in names))
-    label_w = 32
-    row = lambda label, values: f"  {label:<{label_w}}" + "".join(f"{v:>{width}}" for v in values)  # noqa: E731
+    widths = [max(12, len(n) + 2) for n in names]
+    row = lambda label, values: f"  {label:<28}" + "".join(f"{v:>{w}}" for v, w in zip(values, widths))  # noqa: E731
     lines.append(row("", names))
     for label, value in plan.resident.items():
         if value or label in ("parameters", "optimizer state"):
