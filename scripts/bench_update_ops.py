@@ -9,7 +9,7 @@ model (random weights, segments of 10-59 tokens): the median wall time, the matm
 matmul parameters x positions), and the wall time attributed to each kind of XLA op (time split
 equally among the ops running at once; `idle` = no op running between the first and last op).
 
-The chunk runs twice: with the decoder's causal query blocks (`models/decoder.causal_blocks`: a block of
+The chunk runs twice: with the decoder's causal query blocks (`models/attention.causal_blocks`: a block of
 queries attends to the keys up to its end only) and with one block over the whole L x L square.
 `--size cot` is the main job's model (`dapo_jax/assets/cot_base`) on its update's chunk shape, with
 sequences of 50-189 tokens.
@@ -102,11 +102,12 @@ def chunk(size: str, rows: int, length: int, repeats: int) -> None:
     import jax.numpy as jnp
     from flax import nnx
 
-    import dapo_jax.models.decoder as decoder
+    import dapo_jax.models.attention as attention
+    from dapo_jax.models.decoder import Decoder
     from dapo_jax.training.packed_step import packed_logprobs
 
     cfg, (short, long) = model_config(size)
-    graphdef, params = nnx.split(decoder.Decoder(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+    graphdef, params = nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)), nnx.Param)
     rng = np.random.default_rng(0)
     tokens = rng.integers(1, cfg.vocab_size, (rows, length)).astype(np.int32)
     segs, pos = np.zeros((rows, length), np.int32), np.zeros((rows, length), np.int32)
@@ -126,17 +127,17 @@ def chunk(size: str, rows: int, length: int, repeats: int) -> None:
     if cfg.tie_word_embeddings:
         matmul_params += cfg.vocab_size * cfg.hidden_size  # the tied embedding is also the output matmul
     flops = 6 * matmul_params * rows * length
-    default_block = decoder.ATTENTION_BLOCK
+    default_block = attention.ATTENTION_BLOCK
     for name, block in (("causal blocks", default_block), ("one block", 10 ** 9)):
-        decoder.ATTENTION_BLOCK = block  # read when the chunk is traced
+        attention.ATTENTION_BLOCK = block  # read when the chunk is traced
         try:
             grad = jax.jit(jax.grad(loss))
             t = median_s(grad, params, repeats=repeats)
             kinds, idle, span = op_kinds(grad, params)
         finally:
-            decoder.ATTENTION_BLOCK = default_block
+            attention.ATTENTION_BLOCK = default_block
         print(f"{size} packed chunk [{rows}, {length}] forward + backward, {name} "
-              f"({len(decoder.causal_blocks(length)) if block == default_block else 1} query blocks): median "
+              f"({len(attention.causal_blocks(length)) if block == default_block else 1} query blocks): median "
               f"{t * 1e3:.1f} ms over {repeats}, {flops / t / 1e9:.1f} GFLOP/s (matmuls, every position), "
               f"fill {np.mean(segs > 0):.2f}")
         print(f"  traced span {span:.1f} ms/run, idle {idle:.1f} ms; by op kind (wall ms/run): "

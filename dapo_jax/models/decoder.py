@@ -12,6 +12,11 @@ real; a padding query attends only to itself (so a padding position never attend
 and no real position attends to padding). With a `KVCache` the `S` new tokens are written at
 slots `[cache.end, cache.end + S)` and attend over every filled slot: prefill and one-token decode
 are the same call.
+
+Without a cache, and for the prefill of a cache of exactly `S` slots, the mask is stated as per-token
+ids (`attention.mask_ids`) and attention runs through `config.attention` (`models/attention.py`:
+the reference, blockwise, splash or gpu_flash), so no `[B, S, S]` array is built unless the reference
+is chosen. Decoding over a longer cache masks its slots directly (a few queries: `[B, S, K]` is small).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from dapo_jax.models import attention
 from dapo_jax.models.config import ModelConfig
 
 _NEG_INF = -1e30
@@ -126,8 +132,10 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps, param_dtype=pdt)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps, param_dtype=pdt)
 
-    def __call__(self, x, positions, allowed, inv_freq, layer_cache):
-        """`allowed`: [B, S, K] bool; `layer_cache`: None or (k [B,S_max,Hkv,D], v, start)."""
+    def __call__(self, x, positions, mask, inv_freq, layer_cache):
+        """`mask`: the `MaskIds` of these S tokens (no cache, or a cache of exactly S slots: the prefill),
+        or, with a longer cache, the `[B, S, K]` bool mask over its slots; `layer_cache`: None or
+        (k [B,S_max,Hkv,D], v, start)."""
         cfg = self.cfg
         b, s, _ = x.shape
         x = x.reshape(b * s, -1)  # tokens on one axis: see MLP.__call__
@@ -137,45 +145,25 @@ class Attention(nnx.Module):
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+        q = q.reshape(b, s, cfg.num_key_value_heads, cfg.num_query_groups, cfg.head_dim)
         new_kv = None
         if layer_cache is not None:
             ck, cv, start = layer_cache
             ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, start, 0, 0))
             cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, start, 0, 0))
-            new_kv, k, v = (ck, cv), ck.astype(q.dtype), cv.astype(q.dtype)
-        q = q.reshape(b, s, cfg.num_key_value_heads, cfg.num_query_groups, cfg.head_dim)
-        if layer_cache is None:  # keys = these S tokens, causal: query block i needs key blocks 0..i only
-            out = jnp.concatenate([_attend(q[:, lo:hi], k[:, :hi], v[:, :hi], allowed[:, lo:hi, :hi])
-                                   for lo, hi in causal_blocks(s)], axis=1)
-        else:
-            out = _attend(q, k, v, allowed)
+            new_kv = (ck, cv)
+            if isinstance(mask, attention.MaskIds):  # the prefill: the S tokens are the whole cache
+                k, v = ck.astype(q.dtype), cv.astype(q.dtype)
+            else:
+                out = attention.softmax_attention(q, ck.astype(q.dtype), cv.astype(q.dtype), mask)
+                return self.o_proj(out.reshape(b * s, -1)).reshape(b, s, -1), new_kv
+        impl = attention.resolve(cfg.attention, platform=attention.current_platform(), seq_len=s)
+        out = attention.attend(q, k, v, mask, implementation=impl)
         return self.o_proj(out.reshape(b * s, -1)).reshape(b, s, -1), new_kv
 
 
-ATTENTION_BLOCK = 16  # smallest query block of the cache-free (training) attention; at most MAX_ATTENTION_BLOCKS blocks
-MAX_ATTENTION_BLOCKS = 8
-
-
-def causal_blocks(s: int) -> list[tuple[int, int]]:
-    """`[(lo, hi)]`: the S queries in blocks. Without a cache every query's keys lie at or before it (the
-    mask is causal whatever else it holds: padding, segments), so block `[lo, hi)` attends to keys
-    `[0, hi)` only: with n blocks the scores cover (n+1)/2n of the S x S square, the same values (the
-    keys left out are the masked ones, whose weight is exactly 0). On the main job's packed chunks (rows of
-    192: 8 blocks of 24) forward + backward takes a quarter less time (docs/benchmarks.md, "Causal
-    attention blocks and half-height tail chunks")."""
-    n = max(1, min(MAX_ATTENTION_BLOCKS, s // ATTENTION_BLOCK))
-    size = -(-s // n)
-    return [(lo, min(lo + size, s)) for lo in range(0, s, size)]
-
-
-def _attend(q, k, v, allowed):
-    """Softmax attention of `q [B, Sq, Hkv, R, D]` over `k, v [B, K, Hkv, D]` where `allowed [B, Sq, K]`;
-    returns `[B, Sq, Hkv, R, D]`."""
-    scores = jnp.einsum("bsgrd,bkgd->bgrsk", q, k, preferred_element_type=jnp.float32)
-    scores = scores / math.sqrt(q.shape[-1])
-    scores = jnp.where(allowed[:, None, None], scores, _NEG_INF)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    return jnp.einsum("bgrsk,bkgd->bsgrd", probs, v)
+# The reference attention's query blocks (models/attention.py), named here as before
+causal_blocks = attention.causal_blocks
 
 
 class MLP(nnx.Module):
@@ -200,15 +188,15 @@ class Block(nnx.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=pdt)
         self.mlp = MLP(cfg, rngs=rngs)
 
-    def __call__(self, x, positions, allowed, inv_freq, layer_cache):
-        h, new_kv = self.self_attn(self.input_layernorm(x), positions, allowed, inv_freq, layer_cache)
+    def __call__(self, x, positions, mask, inv_freq, layer_cache):
+        h, new_kv = self.self_attn(self.input_layernorm(x), positions, mask, inv_freq, layer_cache)
         x = x + h
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, new_kv
 
 
-def _block_forward(block, x, positions, allowed, inv_freq, layer_cache):
-    return block(x, positions, allowed, inv_freq, layer_cache)
+def _block_forward(block, x, positions, mask, inv_freq, layer_cache):
+    return block(x, positions, mask, inv_freq, layer_cache)
 
 
 _REMAT = {
@@ -262,35 +250,32 @@ class Decoder(nnx.Module):
         query of the segment, keys of a branch b > 0 only by queries of branch b. Each branch then
         computes what its sequence (prefix + branch) alone would, with the prefix's tokens computed once."""
         cfg = self.config
-        real = attention_mask.astype(bool)
         s = input_ids.shape[1]
-        if cache is None:
-            q_idx = k_idx = jnp.arange(s)
-            key_real = real
+        if branch_ids is not None and segment_ids is None:
+            raise ValueError("branch_ids (shared prefixes) need segment_ids")
+        if cache is None or cache.k.shape[2] == s:  # without a cache, or the prefill of one of S slots
+            if cache is not None and segment_ids is not None:
+                raise ValueError("segment_ids (packed sequences) cannot be used with a KVCache")
+            mask = attention.mask_ids(attention_mask, segment_ids, branch_ids)  # [B, S] ids, no [S, K] array
+            key_real = attention_mask.astype(bool)
         else:
+            if segment_ids is not None:
+                raise ValueError("segment_ids (packed sequences) cannot be used with a KVCache")
+            real = attention_mask.astype(bool)
             q_idx = cache.end + jnp.arange(s)
             k_idx = jnp.arange(cache.mask.shape[1])
             key_real = jax.lax.dynamic_update_slice(cache.mask, real, (0, cache.end))
-        causal = k_idx[None, :] <= q_idx[:, None]  # [S, K]
-        allowed = causal[None] & key_real[:, None, :] & real[:, :, None]
-        if segment_ids is not None:
-            if cache is not None:
-                raise ValueError("segment_ids (packed sequences) cannot be used with a KVCache")
-            allowed = allowed & (segment_ids[:, :, None] == segment_ids[:, None, :])
-        if branch_ids is not None:
-            if segment_ids is None:
-                raise ValueError("branch_ids (shared prefixes) need segment_ids")
-            allowed = allowed & ((branch_ids[:, None, :] == 0) | (branch_ids[:, :, None] == branch_ids[:, None, :]))
-        allowed = allowed | (k_idx[None, :] == q_idx[:, None])[None]
+            mask = (k_idx[None, :] <= q_idx[:, None])[None] & key_real[:, None, :] & real[:, :, None]
+            mask = mask | (k_idx[None, :] == q_idx[:, None])[None]  # a padding query attends to itself
         inv_freq = rope_inv_freq(cfg)
         x = self.embed_tokens(input_ids)
         if cache is None and cfg.remat != "none" and len(self.layers) > 1:
-            return self.norm(self._scan_layers(x, positions, allowed, inv_freq)), None
+            return self.norm(self._scan_layers(x, positions, mask, inv_freq)), None
         forward = _REMAT[cfg.remat]
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
             layer_cache = None if cache is None else (cache.k[i], cache.v[i], cache.end)
-            x, kv = forward(layer, x, positions, allowed, inv_freq, layer_cache)
+            x, kv = forward(layer, x, positions, mask, inv_freq, layer_cache)
             if kv is not None:
                 new_k.append(kv[0])
                 new_v.append(kv[1])
@@ -299,7 +284,7 @@ class Decoder(nnx.Module):
             cache = KVCache(jnp.stack(new_k), jnp.stack(new_v), key_real, cache.end + s)
         return hidden, cache
 
-    def _scan_layers(self, x, positions, allowed, inv_freq):
+    def _scan_layers(self, x, positions, mask, inv_freq):
         """The blocks without a KV cache (training, log-probs, the critic) as one `lax.scan` over their
         stacked weights, with `config.remat` applied to the scan body.
 
@@ -310,7 +295,7 @@ class Decoder(nnx.Module):
         graphdef, stacked = _stacked_layers(self.layers, jnp.dtype(self.config.dtype))
 
         def body(h, state):
-            h, _ = nnx.merge(graphdef, state)(h, positions, allowed, inv_freq, None)
+            h, _ = nnx.merge(graphdef, state)(h, positions, mask, inv_freq, None)
             return h, None
 
         body = jax.checkpoint(body, policy=_SCAN_REMAT[self.config.remat], prevent_cse=False)

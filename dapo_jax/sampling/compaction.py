@@ -95,4 +95,4 @@ def gather_response_cache(cache: ResponseCache, order: jax.Array) -> ResponseCac
 def gather_prompt_cache(prompt: PromptCache, prompt_index: jax.Array) -> PromptCache:
     """A copy of `prompt` with one entry per row: entry i is prompt `prompt_index[i]`."""
     take = lambda x: jnp.take(x, prompt_index, axis=0)
-    return PromptCache(k=tuple(map(take, prompt.k)), v=tuple(map(take, prompt.v)), mask=take(prompt.mask))
+    return PromptCache(k=tuple(map(take, prompt.k)), v=tuple(map(take, prompt.v)), lengths=take(prompt.lengths))

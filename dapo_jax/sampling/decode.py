@@ -65,11 +65,12 @@ def fuse_layers(model: Decoder) -> tuple[FusedLayer, ...]:
 
 class PromptCache(NamedTuple):
     """The prefilled prompts, once per prompt (not per sample). Per layer: keys `[P, H_kv, D, S]`,
-    values `[P, H_kv, S, D]`; `mask[p, j]` = slot j is a real token."""
+    values `[P, H_kv, S, D]`; the prompts are left-padded, so prompt p's real tokens fill the last
+    `lengths[p]` slots: a length per prompt says what a step may see, no `[P, S]` mask is kept."""
 
     k: tuple[jax.Array, ...]  # transposed, so q·K is a plain [G r, D] x [D, S] matmul
     v: tuple[jax.Array, ...]
-    mask: jax.Array  # [P, S] bool
+    lengths: jax.Array  # [P] int32: real (left-padded) prompt tokens
 
 
 class ResponseCache(NamedTuple):
@@ -86,7 +87,7 @@ def prompt_cache_from_prefill(cache: KVCache) -> PromptCache:
     return PromptCache(
         k=tuple(jnp.transpose(cache.k[i], (0, 2, 3, 1)) for i in range(n_layers)),
         v=tuple(jnp.swapaxes(cache.v[i], 1, 2) for i in range(n_layers)),
-        mask=cache.mask,
+        lengths=jnp.sum(cache.mask, axis=-1, dtype=jnp.int32),
     )
 
 
@@ -147,7 +148,8 @@ def decode_step(
     h_kv, r, d = cfg.num_key_value_heads, cfg.num_query_groups, cfg.head_dim
     dtype = jnp.dtype(cfg.dtype)
     n_q, n_kv = cfg.num_attention_heads * d, h_kv * d
-    prompt_visible = prompt.mask[:, None, None, None, :]  # [P, 1, 1, 1, S]
+    width = prompt.v[0].shape[2]
+    prompt_visible = (jnp.arange(width) >= width - prompt.lengths[:, None])[:, None, None, None, :]  # [P,1,1,1,S]
     slot = jnp.asarray(slot, jnp.int32)
     block_visible = jnp.arange(block.k[0].shape[-1]) <= slot[..., None]  # [n], or [P, n] per prompt
     if slot.ndim:

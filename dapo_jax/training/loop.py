@@ -40,7 +40,7 @@ from dapo_jax.training.overlap import Prefetched, Prefetcher, pack, unpack
 from dapo_jax.training.rollout import Groups, StreamedRounds, collect_groups
 from dapo_jax.training.rollout_log import RolloutLog
 from dapo_jax.training.run_dir import RunDir
-from dapo_jax.training.programs import build_programs, run_optimizer
+from dapo_jax.training.programs import attention_report, build_programs, run_optimizer
 from dapo_jax.training.train_step import TrainState, init_train_state, make_optimizer
 
 
@@ -155,6 +155,7 @@ def train(cfg: RunConfig) -> dict:
                       f"data.max_prompt_length={cfg.data.max_prompt_length} tokens and are dropped", RuntimeWarning)
     mesh = build_mesh(cfg)
     share = ProcessShare(mesh)  # this process's rows of each generation batch (parallel/process_data.py)
+    attention_report(cfg, mesh)  # model.attention=splash on a CPU: one line, before anything loads
     with run_dir, Preemption() as preemption, jax.set_mesh(mesh), contextlib.ExitStack() as cleanup:
         run_dir.check_same_config()
         model = load_model(cfg, mesh, tokenizer)
@@ -172,6 +173,7 @@ def train(cfg: RunConfig) -> dict:
                                   critic=critic, prompt_width=max(stream.buckets))
         generate, continuous, generate_eval = programs.generate, programs.continuous, programs.generate_eval
         train_step, prepare = programs.train_step, programs.prepare
+        say(f"[dapo-jax] {attention_report(cfg, mesh)}", flush=True)
 
         ckpt = Checkpointer(run_dir.path / "checkpoints", keep=cfg.train.keep_checkpoints)
         cleanup.callback(ckpt.close)  # however the run ends, a started save completes

@@ -32,22 +32,37 @@ from dapo_jax.training.config import RunConfig
 
 
 def resolve_attention(name: str, *, platform: str, seq_len: int) -> str:
-    """The attention implementation `model.attention=name` runs as (models/attention.py's `resolve`);
-    "reference" on a checkout without that module (the decoder's own quadratic attention)."""
-    try:
-        from dapo_jax.models.attention import resolve
-    except ImportError:
-        return "reference"
+    """The attention implementation `model.attention=name` runs as (models/attention.py's `resolve`)."""
+    from dapo_jax.models.attention import resolve
+
     return resolve(name, platform=platform, seq_len=seq_len)
 
 
-def supports_branches(implementation: str) -> bool:
-    """Whether `implementation` can attend with the packed update's shared prompts (branch ids)."""
+def attention_lengths(cfg: RunConfig) -> dict[str, int]:
+    """Each cache-free program's tokens per row: the update and log-prob passes (prompt + response, or a
+    packed row of that length), the sampler's prefill (the prompt)."""
+    rows = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens  # packed rows are as long (packed_step.py)
+    return {"update": rows, "log-probs": rows, "prefill": cfg.data.max_prompt_length}
+
+
+def attention_report(cfg: RunConfig, mesh) -> str:
+    """Which attention implementation each program uses (a ConfigError when model.attention cannot run here)."""
+    from dapo_jax.models.attention import AttentionUnavailable, describe
+    from dapo_jax.training.config import ConfigError
+
     try:
-        from dapo_jax.models.attention import supports_branches as supported
-    except ImportError:
-        return True
-    return supported(implementation)
+        return describe(cfg.model.attention, mesh_platform(mesh), attention_lengths(cfg))
+    except AttentionUnavailable as e:
+        raise ConfigError(str(e)) from None
+
+
+def update_shares_prompts(cfg: RunConfig, mesh) -> bool:
+    """Whether the packed update's attention can share a group's prompt (branch ids): splash and gpu_flash
+    cannot, and the update then packs each response with its own copy of the prompt (same result)."""
+    from dapo_jax.models.attention import supports_branches
+
+    impl = resolve_attention(cfg.model.attention, platform=mesh_platform(mesh), seq_len=attention_lengths(cfg)["update"])
+    return supports_branches(impl)
 
 
 def mesh_platform(mesh) -> str:
@@ -103,19 +118,18 @@ def build_programs(cfg: RunConfig, *, policy, model_cfg, mesh, tx, schedule, scf
     from dapo_jax.training.train_step import make_logprob_fn, make_train_step
 
     objective, r, o = cfg.objective_config, cfg.rollout, cfg.optim
-    s, t = cfg.data.max_prompt_length, r.max_new_tokens
-    platform = mesh_platform(mesh)
-    attention = {name: resolve_attention(cfg.model.attention, platform=platform, seq_len=n)
-                 for name, n in (("rollout prefill", s), ("logprob", s + t), ("update", s + t))}
+    lengths = attention_lengths(cfg)
+    attention = {name: resolve_attention(cfg.model.attention, platform=mesh_platform(mesh), seq_len=lengths[key])
+                 for name, key in (("rollout prefill", "prefill"), ("logprob", "log-probs"), ("update", "update"))}
     if critic is not None:
         attention["critic"] = attention["logprob"]
-    share = o.packing_share_prompts and supports_branches(attention["update"])
+    share = o.packing_share_prompts and update_shares_prompts(cfg, mesh)
     graphdef = policy.graphdef
     sampler = sampler_graphdef(cfg, policy.sampler_graphdef, model_cfg)
     generate = make_generate(sampler, scfg, r.G)
     continuous = None if not r.continuous else ContinuousSampler(
         sampler, scfg, num_samples=r.G, slots=r.gen_batch,
-        refill=r.continuous_refill or default_refill(r.gen_batch), prompt_width=prompt_width or s)
+        refill=r.continuous_refill or default_refill(r.gen_batch), prompt_width=prompt_width or cfg.data.max_prompt_length)
     generate_eval = make_generate(policy.sampler_graphdef, eval_scfg, cfg.train.eval_k)
     logprob = make_logprob_fn(graphdef, temperature=scfg.logprob_temperature)
     packed = {} if not o.packing else {  # the padding-free update (training/packed_step.py)
@@ -163,5 +177,5 @@ def make_prepare(objective, logprob_fn, critic=None, *, recompute_old_logp: bool
     return prepare
 
 
-__all__ = ["RunPrograms", "build_programs", "make_prepare", "mesh_platform", "resolve_attention", "run_optimizer",
-           "sampler_graphdef", "supports_branches"]
+__all__ = ["RunPrograms", "attention_lengths", "attention_report", "build_programs", "make_prepare", "mesh_platform",
+           "resolve_attention", "run_optimizer", "sampler_graphdef", "update_shares_prompts"]

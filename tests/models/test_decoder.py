@@ -143,9 +143,9 @@ def test_long_rows_in_causal_blocks_match_numpy_reference(name):
 def test_causal_blocks_give_one_blocks_values_and_gradients_on_packed_rows(monkeypatch):
     """Packed rows (segments, trailing padding) of 160 tokens: the blocked attention's hidden states and
     parameter gradients equal those of a single block over the whole square (ATTENTION_BLOCK raised)."""
-    import dapo_jax.models.decoder as decoder
+    import dapo_jax.models.attention as attention
 
-    model = make_model(CONFIGS["qwen3"])
+    model = make_model(CONFIGS["qwen3"].replace(attention="reference"))
     graphdef, params = nnx.split(model, nnx.Param)
     rng = np.random.default_rng(4)
     segs = np.zeros((2, 160), np.int32)
@@ -164,8 +164,8 @@ def test_causal_blocks_give_one_blocks_values_and_gradients_on_packed_rows(monke
         return jnp.sum(hidden * weights), hidden
 
     blocked = jax.jit(jax.value_and_grad(run, has_aux=True))(params)
-    monkeypatch.setattr(decoder, "ATTENTION_BLOCK", 10 ** 6)
-    assert decoder.causal_blocks(160) == [(0, 160)]
+    monkeypatch.setattr(attention, "ATTENTION_BLOCK", 10 ** 6)
+    assert attention.causal_blocks(160) == [(0, 160)]
     whole = jax.jit(jax.value_and_grad(run, has_aux=True))(params)
     chex.assert_trees_all_close(blocked[0][1], whole[0][1], atol=1e-5, rtol=1e-5)
     chex.assert_trees_all_close(blocked[1], whole[1], atol=1e-4, rtol=1e-4)
