@@ -1,6 +1,6 @@
 """`dapo-jax`: train, evaluate, export, show rollouts and plot.
 
-    dapo-jax train [CONFIG.yaml] [key.sub=value ...]   # no config = the main job, configs/cot_dapo.yaml; rerun = resume
+    dapo-jax train [RECIPE|CONFIG.yaml] [key.sub=value ...]  # no config = the main job, cot_dapo; rerun = resume
     dapo-jax eval --model RUN_OR_HF_DIR [--data F ...]  # avg@k, pass@k, maj@k; table + results JSON + samples
     dapo-jax eval RUN_DIR [key.sub=value ...]           # the same, old form: the run's newest checkpoint
     dapo-jax export CHECKPOINT OUT_DIR [--peft]         # Hugging Face model + tokenizer (--peft: LoRA adapter)
@@ -13,12 +13,25 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 
-from dapo_jax.training.config import CONFIG_DIR, ConfigError, RunConfig, load_config
-from dapo_jax.training.rollout import StarvationError
-from dapo_jax.training.sources import DataError
+
+class _NoTorchBanner(logging.Filter):
+    """transformers says "PyTorch was not found..." when it is imported without torch: this project's models
+    are JAX, it only reads tokenizers and configs with transformers, so the line would only alarm. Every
+    other transformers message passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("PyTorch was not found")
+
+
+logging.getLogger("transformers").addFilter(_NoTorchBanner())  # before anything imports transformers
+
+from dapo_jax.training.config import CONFIG_DIR, ConfigError, RunConfig, find_config, load_config  # noqa: E402
+from dapo_jax.training.rollout import StarvationError  # noqa: E402
+from dapo_jax.training.sources import DataError  # noqa: E402
 
 
 def _split_config_and_overrides(items: list[str]) -> tuple[str | None, list[str]]:
@@ -28,13 +41,8 @@ def _split_config_and_overrides(items: list[str]) -> tuple[str | None, list[str]
 
 
 def _resolve_config(path: str | None) -> Path | None:
-    """A config path; a bare name like `tiny_grpo` means configs/tiny_grpo.yaml."""
-    if path is None:
-        return None
-    p = Path(path)
-    if not p.exists() and (CONFIG_DIR / f"{path}.yaml").exists():
-        return CONFIG_DIR / f"{path}.yaml"
-    return p
+    """A config path; a bare name like `tiny_grpo` (or `configs/tiny_grpo.yaml`) is a packaged recipe."""
+    return None if path is None else find_config(path)
 
 
 # `dapo-jax train` with no config: DAPO on the chain-of-thought task (docs/cot_task.md), where its
@@ -54,9 +62,9 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from dapo_jax.evaluation.report import flat_metrics, print_report, write_report
-    from dapo_jax.evaluation.run import EvalFlags, resolve_target, run_eval
-    from dapo_jax.evaluation.sets import parse_data
+    from dapo_jax.eval_command.report import flat_metrics, print_report, write_report
+    from dapo_jax.eval_command.run import EvalFlags, resolve_target, run_eval
+    from dapo_jax.eval_command.sets import parse_data
 
     target, overrides = _split_config_and_overrides(args.items)
     # `--data a.jsonl model.dtype=bfloat16`: the greedy --data list took a config override; give it back
@@ -196,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("train", help="train (or resume) a run")
     p.add_argument("items", nargs="*", metavar="[CONFIG.yaml] key.sub=value",
-                   help="a config file (default: the main job, configs/cot_dapo.yaml) then dotted overrides")
+                   help="a packaged recipe's name (tiny_dapo, ...) or a config file (default: the main job, "
+                        "cot_dapo) then dotted overrides")
     p.set_defaults(fn=cmd_train)
     p = sub.add_parser("eval", help="avg@k, pass@k, maj@k of a base model or a run's checkpoint on data sets",
                        description="Evaluates a Hugging Face model directory, a run (its newest checkpoint or "

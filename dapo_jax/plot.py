@@ -20,6 +20,7 @@ import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from dapo_jax.training.metrics import read_metrics  # noqa: E402
 
@@ -59,17 +60,25 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
         if not drawn:
             plt.close(fig)
             continue
-        ax.set_title(title)
-        ax.set_xlabel("training step")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        label_axes(ax, title, "training step", ylabel, legend_size=8)
         fig.tight_layout()
         path = out_dir / f"{name}.png"
         fig.savefig(path)
         plt.close(fig)
         written.append(path)
     return written
+
+
+def label_axes(ax, title: str, xlabel: str, ylabel: str, *, integer_x: bool = True, legend_size: int = 7) -> None:
+    """Title, labels, grid and legend; x ticks on whole numbers when x counts steps (a 2-step run
+    would otherwise be ticked 0.25, 0.50, ...)."""
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if integer_x:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=legend_size)
 
 
 Curve = tuple  # (x [n], y [n]) of one run, x increasing
@@ -83,6 +92,7 @@ class Panel:
     xlabel: str
     ylabel: str
     series: dict[str, list[Curve]]
+    integer_x: bool = True  # x counts steps: whole-number ticks
 
 
 def mean_band(curves: list[Curve], num: int = 60) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -120,11 +130,7 @@ def plot_panels(path: str | Path, panels: list[Panel], *, suptitle: str | None =
             (line,) = ax.plot(x, mean, label=f"{label} (n={len(curves)})" if len(curves) > 1 else label, **style)
             if len(curves) > 1:
                 ax.fill_between(x, mean - sd, mean + sd, color=line.get_color(), alpha=0.2, linewidth=0)
-        ax.set_title(panel.title)
-        ax.set_xlabel(panel.xlabel)
-        ax.set_ylabel(panel.ylabel)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        label_axes(ax, panel.title, panel.xlabel, panel.ylabel, integer_x=panel.integer_x)
     if suptitle:
         fig.suptitle(suptitle, fontsize=10)
     fig.tight_layout()

@@ -3,7 +3,7 @@
     python scripts/ablate.py [CONFIG] [--seeds 3] [--steps N] [--quick] [--rows grpo,dapo] [--jobs 2]
                              [--out docs/ablation.md] [--runs-dir runs/ablate] [--target ACC]
 
-CONFIG (default configs/cot_dapo.yaml, else configs/tiny_dapo.yaml) is a DAPO run. Every row of
+CONFIG (a recipe's name or a YAML file; default the main job, cot_dapo) is a DAPO run. Every row of
 the ladder is that run with objective overrides only; each row x seed is one
 `dapo_jax.training.loop.train` run in RUNS_DIR/ROW/seedS, `--jobs` of them at a time (each in its own
 process, on one core, with one XLA thread; `--jobs 1`: one after another in this process):
@@ -614,14 +614,15 @@ def effects_table(rows: list[Row], summaries: dict[str, list[dict]]) -> str:
 
 # ----------------------------------------------------------------------------- main
 def default_config() -> Path:
-    cot = REPO / "configs" / "cot_dapo.yaml"
-    return cot if cot.exists() else REPO / "configs" / "tiny_dapo.yaml"
+    from dapo_jax.training.config import CONFIG_DIR
+
+    return CONFIG_DIR / "cot_dapo.yaml"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("config", nargs="?", type=Path, default=None, help="a DAPO run config (default: "
-                    "configs/cot_dapo.yaml if it exists, else configs/tiny_dapo.yaml)")
+    ap.add_argument("config", nargs="?", type=Path, default=None, help="a DAPO run config: a recipe's "
+                    "name or a YAML file (default: the main job, cot_dapo)")
     ap.add_argument("--seeds", type=int, default=3, help="seeds per row (train.seed = CONFIG's + 0..N-1)")
     ap.add_argument("--steps", type=int, default=None, help="training steps per run (default: CONFIG's; --quick: a tenth)")
     ap.add_argument("--eval-every", type=int, default=None,
@@ -650,9 +651,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from dapo_jax.training.config import load_config
+    from dapo_jax.training.config import find_config, load_config
 
-    config = args.config or default_config()
+    config = find_config(args.config) if args.config else default_config()  # a recipe's name or a file
     cfg = load_config(config, args.extra)
     steps = args.steps or (max(10, cfg.train.steps // 10) if args.quick else cfg.train.steps)
     seeds = 1 if args.quick else args.seeds

@@ -11,15 +11,13 @@ held-out accuracy (temperature 1, one sample per problem, the RL configs' token 
 target band, so that RL has room: a right answer is often the mode but the chain of 1-11 lines,
 sampled token by token, often slips or rambles somewhere.
 
-Shares the data encoding and the teacher-forced log-probs with `scripts/make_tiny_base.py`;
+Shares the data encoding, the teacher-forced log-probs and the supervised step with `scripts/make_tiny_base.py`;
 evaluates with the project's KV-cache sampler (responses are up to ~150 tokens). Writes the model
 (`hf_io.save_pretrained`), the tokenizer files, README.md and warmup_stats.json.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -29,8 +27,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_tiny_base import encode_rows, response_logprobs, ship  # noqa: E402  (shared with the tiny base)
+# shared with the tiny base; run as a script, this folder is on sys.path
+from make_tiny_base import encode_rows, make_base, supervised_step  # noqa: E402
 
 from dapo_jax.data import cot  # noqa: E402
 from dapo_jax.data.char_tokenizer import build_char_tokenizer  # noqa: E402
@@ -144,16 +142,6 @@ def warm_up(*, log=print):
     schedule = optax.linear_schedule(0.0, LEARNING_RATE, WARMUP_STEPS)
     optimizer = nnx.Optimizer(model, optax.adamw(schedule, weight_decay=WEIGHT_DECAY), wrt=nnx.Param)
 
-    @nnx.jit
-    def train_step(model, optimizer, prompts, pmask, responses, rmask):
-        def loss_fn(model):
-            logp = response_logprobs(model, prompts, pmask, responses, rmask)
-            return -logp.sum() / rmask.sum()
-
-        loss, grads = nnx.value_and_grad(loss_fn)(model)
-        optimizer.update(model, grads)
-        return loss
-
     graphdef, _ = nnx.split(model)
     evaluate = make_evaluator(tok, graphdef, heldout)
     rng = np.random.default_rng(SEED)
@@ -167,7 +155,7 @@ def warm_up(*, log=print):
             orders[b], pos[b] = rng.permutation(sizes[b]), 0
         idx = orders[b][pos[b]:pos[b] + BATCH]
         pos[b] += BATCH
-        loss = train_step(model, optimizer, *(a[idx] for a in buckets[b]))
+        loss = supervised_step(model, optimizer, *(a[idx] for a in buckets[b]))
         if (step >= EVAL_FROM and step % EVAL_EVERY == 0) or step == MAX_STEPS:
             state = nnx.state(model)
             sampled, lengths, truncated = evaluate(state, eval_key, False)
@@ -211,12 +199,7 @@ Made by `python scripts/make_cot_base.py` (fixed seeds; about {seconds:.0f} s on
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=OUT)
-    args = parser.parse_args(argv)
-    start = time.time()
-    model, _, stats = warm_up()
-    ship(model, args.out, stats, start, write_readme=write_readme, eval_size=EVAL_SIZE)
+    make_base(argv, doc=__doc__, out=OUT, warm_up=warm_up, write_readme=write_readme, eval_size=EVAL_SIZE)
 
 
 if __name__ == "__main__":

@@ -110,6 +110,21 @@ def accuracy(tok, rows, responses, rmask) -> float:
     return float(np.mean([synthetic.is_correct(t, r["answer"]) for t, r in zip(texts, rows)]))
 
 
+@nnx.jit
+def supervised_step(model, optimizer, prompts, pmask, responses, rmask):
+    """One supervised warm-up update on teacher-forced responses: the mean negative log-likelihood of their
+    real tokens (`rmask`), so a batch's short and long responses weigh by their tokens. Both base models
+    are made with it."""
+
+    def loss_fn(model):
+        logp = response_logprobs(model, prompts, pmask, responses, rmask)
+        return -logp.sum() / rmask.sum()
+
+    loss, grads = nnx.value_and_grad(loss_fn)(model)
+    optimizer.update(model, grads)
+    return loss
+
+
 # ----------------------------------------------------------------------------- build
 def make_model(tok) -> Decoder:
     cfg = ModelConfig(model_type="qwen2", vocab_size=len(tok), attention_bias=True,
@@ -130,16 +145,6 @@ def warm_up(*, log=print):
     model = make_model(tok)
     optimizer = nnx.Optimizer(model, optax.adamw(LEARNING_RATE, weight_decay=WEIGHT_DECAY), wrt=nnx.Param)
 
-    @nnx.jit
-    def train_step(model, optimizer, prompts, pmask, responses, rmask):
-        def loss_fn(model):
-            logp = response_logprobs(model, prompts, pmask, responses, rmask)
-            return -logp.sum() / rmask.sum()
-
-        loss, grads = nnx.value_and_grad(loss_fn)(model)
-        optimizer.update(model, grads)
-        return loss
-
     @nnx.jit(static_argnames=("greedy",))
     def eval_sample(model, key, greedy):
         return sample(model, ho_prompts, ho_pmask, key, response_len=response_len,
@@ -155,7 +160,7 @@ def warm_up(*, log=print):
             order, pos = rng.permutation(n), 0
         idx = order[pos:pos + BATCH]
         pos += BATCH
-        loss = train_step(model, optimizer, *(a[idx] for a in tr))
+        loss = supervised_step(model, optimizer, *(a[idx] for a in tr))
         if step % EVAL_EVERY == 0:
             sampled = accuracy(tok, heldout, *eval_sample(model, eval_key, False))
             greedy = accuracy(tok, heldout, *eval_sample(model, eval_key, True))
@@ -205,13 +210,18 @@ def ship(model, out: Path, stats: dict, start: float, *, write_readme, eval_size
           f"{seconds:.0f} s")
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=OUT)
+def make_base(argv, *, doc: str, out: Path, warm_up, write_readme, eval_size: int) -> None:
+    """Both makers' command line: `--out DIR` (default `out`), then the warm-up, then `ship`."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=out)
     args = parser.parse_args(argv)
     start = time.time()
     model, _, stats = warm_up()
-    ship(model, args.out, stats, start, write_readme=write_readme, eval_size=EVAL_SIZE)
+    ship(model, args.out, stats, start, write_readme=write_readme, eval_size=eval_size)
+
+
+def main(argv=None):
+    make_base(argv, doc=__doc__, out=OUT, warm_up=warm_up, write_readme=write_readme, eval_size=EVAL_SIZE)
 
 
 if __name__ == "__main__":

@@ -102,11 +102,33 @@ def test_config_errors_exit_2_naming_the_key(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
-def test_named_config_resolves_to_configs_dir(tmp_path, capsys):
-    # `dapo-jax train tiny_grpo ...` finds configs/tiny_grpo.yaml; the bad override fails before any work.
-    assert main(["train", "tiny_grpo", "optim.lr=-1", f"train.run_dir={tmp_path}"]) == 2
-    err = capsys.readouterr().err
-    assert "tiny_grpo.yaml" in err and "optim.lr" in err
+def test_named_config_resolves_to_configs_dir(tmp_path, capsys, monkeypatch):
+    # `dapo-jax train tiny_grpo ...` finds the packaged tiny_grpo.yaml; the bad override fails before any work.
+    monkeypatch.chdir(tmp_path)  # anywhere: the recipes ship inside the package
+    for name in ("tiny_grpo", "configs/tiny_grpo.yaml"):  # the name, or the path older docs gave
+        assert main(["train", name, "optim.lr=-1", f"train.run_dir={tmp_path}"]) == 2
+        err = capsys.readouterr().err
+        assert "dapo_jax/configs/tiny_grpo.yaml: optim.lr" in err
+    assert main(["train", "tiny_gpro"]) == 2
+    assert "(did you mean 'tiny_grpo'?)" in capsys.readouterr().err
+
+
+def test_transformers_torch_banner_is_dropped_and_nothing_else():
+    """The filter sits on the logger transformers' __init__ announces a missing torch on (the wheel test,
+    tests/test_packaging.py, sees the whole command's stderr without torch)."""
+    import logging
+
+    from dapo_jax.cli import _NoTorchBanner
+
+    (banner,) = [f for f in logging.getLogger("transformers").filters if isinstance(f, _NoTorchBanner)]
+
+    def record(msg):
+        return logging.LogRecord("transformers", logging.WARNING, __file__, 1, msg, None, None)
+
+    assert not banner.filter(record("PyTorch was not found. Models won't be available and only tokenizers, "
+                                    "configuration and file/data utilities can be used."))
+    assert banner.filter(record("PyTorch was found lacking something else"))
+    assert banner.filter(record("Special tokens have been added in the vocabulary"))
 
 
 def test_starvation_exits_3_with_its_message(trained, tmp_path, capsys):

@@ -58,3 +58,21 @@ def test_plot_panels_draws_bands_and_skips_empty_figures(tmp_path):
     assert img.shape[1] > img.shape[0] and img[..., :3].std() > 0
     assert plot_panels(tmp_path / "g.png", [Panel("empty", "s", "y", {"a": []})]) is None
     assert not (tmp_path / "g.png").exists()
+
+
+def test_step_axes_tick_whole_steps_only():
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from dapo_jax.plot import label_axes
+
+    fig, (steps, other) = plt.subplots(1, 2)
+    for ax, integer_x in ((steps, True), (other, False)):
+        ax.plot([1, 2], [0.3, 0.4], label="acc")  # a 2-step run: matplotlib would tick 1.0, 1.2, ..., 2.0
+        label_axes(ax, "t", "training step", "y", integer_x=integer_x)
+    fig.canvas.draw()
+    lo, hi = steps.get_xlim()
+    ticks = [t for t in steps.get_xticks() if lo <= t <= hi]
+    assert ticks and np.array_equal(ticks, np.round(ticks))
+    assert any(t != round(t) for t in other.get_xticks())  # the check can fail: the default ticks fractions
+    plt.close(fig)

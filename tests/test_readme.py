@@ -1,6 +1,7 @@
-"""Every README snippet works as written: the ```python blocks run in order as one script (from a
-directory where `dapo_jax/assets/tiny_base` resolves, with 2 virtual CPU devices for the mesh), and
-every `dapo-jax ...` command line parses."""
+"""Every README snippet works as written: the ```python blocks of README.md and docs/python_api.md run in
+order as one script (from a directory where `dapo_jax/assets/tiny_base` resolves, with 2 virtual CPU
+devices for the mesh), and every `dapo-jax ...` command line of the README and the docs parses. The
+README stays a short read of today's project."""
 
 import os
 import re
@@ -15,15 +16,18 @@ from dapo_jax.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
+PYTHON_DOCS = [REPO / "README.md", REPO / "docs" / "python_api.md"]
+COMMAND_DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 
-def python_blocks() -> list[str]:
-    return re.findall(r"^```python\n(.*?)^```", README, flags=re.S | re.M)
+def python_blocks(text: str | None = None) -> list[str]:
+    texts = [text] if text is not None else [p.read_text() for p in PYTHON_DOCS]
+    return [b for t in texts for b in re.findall(r"^```python\n(.*?)^```", t, flags=re.S | re.M)]
 
 
-def command_lines() -> list[str]:
+def command_lines(text: str = README) -> list[list[str]]:
     """`dapo-jax ...` commands of the indented shell blocks, continuation lines joined."""
-    lines, out, pending = README.splitlines(), [], ""
+    lines, out, pending = text.splitlines(), [], ""
     for line in lines:
         if not line.startswith("    "):
             pending = ""
@@ -42,12 +46,30 @@ def command_lines() -> list[str]:
     return out
 
 
+ALL_COMMANDS = [(p.relative_to(REPO), w) for p in COMMAND_DOCS for w in command_lines(p.read_text())]
+
+
 def test_readme_has_the_snippets_it_documents():
     blocks = python_blocks()
     assert len(blocks) >= 4 and any("make_mesh" in b for b in blocks)
     assert 'path = "dapo_jax/assets/tiny_base"' in "".join(blocks)
     subcommands = {words[0] for words in command_lines()}
-    assert {"train", "eval", "show", "export", "plot"} <= subcommands
+    assert {"train", "eval", "show", "export", "plot", "plan"} <= subcommands
+
+
+def test_readme_is_a_short_read_of_today():
+    assert len(README.splitlines()) <= 300
+    labels = re.compile(r"\b(first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth) session\b|\brun D\b",
+                        re.I)
+    for doc in COMMAND_DOCS:
+        found = labels.search(doc.read_text())
+        assert found is None, f"{doc.name}: an internal work-round label, {found.group(0)!r}: say the date or commit"
+
+
+def test_the_set_up_commands_are_cis():
+    ci = (REPO / ".ci" / "run").read_text()
+    test_command = next(line.strip() for line in README.splitlines() if "pytest" in line and line.startswith("    "))
+    assert test_command in ci.splitlines()
 
 
 def test_readme_python_snippets_run_as_written(tmp_path):
@@ -62,6 +84,27 @@ def test_readme_python_snippets_run_as_written(tmp_path):
     assert (tmp_path / "out" / "tiny" / "generation_config.json").exists()
 
 
-@pytest.mark.parametrize("words", command_lines(), ids=lambda w: " ".join(w)[:60])
-def test_readme_commands_parse(words):
+@pytest.mark.parametrize("doc, words", ALL_COMMANDS, ids=lambda x: " ".join(x)[:60] if isinstance(x, list) else str(x))
+def test_readme_commands_parse(doc, words):
     build_parser().parse_args(words)
+
+
+# Two comments in files that the training-loop refactor is rewriting; they move to anchors with it.
+NOT_YET_MOVED = {"dapo_jax/training/loop.py", "dapo_jax/training/train_step.py"}
+
+
+def test_every_reference_to_the_math_names_an_anchor_of_docs_objectives():
+    anchors = set(re.findall(r'<a id="([\w-]+)"></a>', (REPO / "docs" / "objectives.md").read_text()))
+    assert {"advantages", "policy-losses", "aggregation", "dynamic-sampling", "off-policy-correction"} <= anchors
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-co", "--exclude-standard"], capture_output=True,
+                            text=True).stdout.split()
+    cited = []
+    for rel in listed:
+        if rel.endswith((".py", ".yaml", ".md")) and (REPO / rel).is_file():
+            text = (REPO / rel).read_text()
+            if rel not in NOT_YET_MOVED:
+                assert "objectives.md \u00a7" not in text, f"{rel}: cites objectives.md by a section number: use its anchor"
+            for ref in re.findall(r"objectives\.md#([\w-]+)((?:, #[\w-]+)*)", text):
+                cited += [ref[0], *re.findall(r"#([\w-]+)", ref[1])]
+    assert len(cited) > 40
+    assert sorted(set(cited) - anchors) == []

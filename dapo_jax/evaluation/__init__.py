@@ -1,5 +1,5 @@
-"""Evaluation: avg@k, unbiased pass@k, maj@k (`metrics`); `dapo-jax eval` lives in `run`, `sets` and `report`
-(imported on use: they pull in the training stack)."""
+"""Evaluation metrics: avg@k, unbiased pass@k, maj@k (`metrics`), pure NumPy over `correct[N, n]`. The
+`dapo-jax eval` command that produces them is `dapo_jax.eval_command`."""
 
 from dapo_jax.evaluation.metrics import avg_at_k, maj_at_k, majority_index, pass_at_k, summarize
 

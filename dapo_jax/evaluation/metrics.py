@@ -1,4 +1,4 @@
-"""Evaluation metrics over ``n`` sampled responses per problem (objectives.md §9). Host-side NumPy.
+"""Evaluation metrics over ``n`` sampled responses per problem (docs/objectives.md#evaluation-metrics). Host-side NumPy.
 
 Shapes: ``correct`` is ``[N, n]`` bool (problem ``i``, sample ``j``); ``answers`` is ``N`` lists of
 ``n`` canonical answer strings (``None`` = no answer extracted), e.g. from a reward's

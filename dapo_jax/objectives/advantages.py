@@ -1,4 +1,4 @@
-"""Advantage estimators of the GRPO family (objectives.md §1).
+"""Advantage estimators of the GRPO family (docs/objectives.md#advantages).
 
 Every estimator has the same keyword signature so the registry can call any of them:
 

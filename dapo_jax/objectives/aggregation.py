@@ -1,4 +1,4 @@
-"""Aggregating per-token losses ℓ[P, G, T] into a (loss_sum, denominator) pair (objectives.md §4).
+"""Aggregating per-token losses ℓ[P, G, T] into a (loss_sum, denominator) pair (docs/objectives.md#aggregation).
 
 Each mode returns the PAIR, never the ratio: the trainer adds the pairs of all micro-batches (and
 devices) and divides once, which gives exactly the whole-batch loss and gradient by construction

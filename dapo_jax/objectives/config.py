@@ -5,7 +5,7 @@ The config is the only thing the trainer passes to the objective functions (as a
 fails here, naming the field, never later inside a traced function.
 
 Defaults are the DAPO paper's operating point where the paper fixes one (clip-higher 0.2 / 0.28,
-token-mean loss, no KL, rewards +1 / -1); the named recipes in `configs/objectives/*.yaml` override
+token-mean loss, no KL, rewards +1 / -1); the named recipes in `dapo_jax/configs/objectives/*.yaml` override
 them (see `registry.load_objective`).
 """
 
@@ -30,11 +30,11 @@ _TRUST_REGION_LOSSES = ("clipped_surrogate", "gspo", "gspo_token")
 class ObjectiveConfig(BaseModel):
     """One GRPO-family objective, fully specified.
 
-    Attributes (see /docs objectives.md for the math):
+    Attributes (the math: docs/objectives.md):
       name: a label for logs; nothing branches on it.
       kind: "policy_gradient" (a per-token policy loss, the fields below) or "gdpo" (group DPO,
-        objectives.md §11, `gdpo.py`: needs advantage="gdpo_pair" and the reference policy), with
-        gdpo_beta its β.
+        docs/objectives.md#gfpo-gdpo, `gdpo.py`: needs advantage="gdpo_pair" and the reference policy).
+      gdpo_beta: GDPO's β, the scale of the log-ratio margin inside the sigmoid.
       advantage: the advantage estimator (`advantages.py`).
       std_eps, std_unbiased: the std normaliser `(r - mean) / (std + std_eps)`; unbiased = N-1 (verl, TRL).
       policy_loss: the per-token loss (`policy_loss.py`).
@@ -69,7 +69,7 @@ class ObjectiveConfig(BaseModel):
         log-probs (`behaviour_logp`) and a recomputed π_old.
       off_policy_cap: C > 1 (default 2).
       gamma, gae_lambda, critic_lambda, lambda_alpha, whiten_advantages, value_clip,
-        value_pretrain_steps, nll_coef: the critic family (advantage="gae": PPO, VAPO; objectives.md §10,
+        value_pretrain_steps, nll_coef: the critic family (advantage="gae": PPO, VAPO; docs/objectives.md#critic-ppo-vapo,
         `gae.py`, `nll.py`): discount γ, the policy's GAE λ, the value targets' λ (decoupled GAE),
         VAPO's length-adaptive λ_policy = 1 - 1/(α·L) when lambda_alpha = α is set, whitening of the
         policy advantages over the batch, the value-loss clip ε_v (None = off), value pre-training
@@ -108,7 +108,7 @@ class ObjectiveConfig(BaseModel):
     # dynamic sampling
     dynamic_sampling: bool = False
     dynamic_sampling_metric: Literal["correct", "reward"] = "correct"
-    # GFPO group filtering (objectives.md §11)
+    # GFPO group filtering (docs/objectives.md#gfpo-gdpo)
     gfpo_keep: int | None = Field(None, ge=2)
     gfpo_metric: Literal["length", "token_efficiency"] = "length"
     gfpo_adaptive: tuple[int, int, int, int] | None = None
@@ -118,10 +118,10 @@ class ObjectiveConfig(BaseModel):
     reward_wrong: float = -1.0
     multi_reward: Literal["sum", "normalize_then_sum"] = "sum"
     reward_weights: tuple[float, ...] | None = None
-    # off-policy correction (objectives.md §13)
+    # off-policy correction (docs/objectives.md#off-policy-correction)
     off_policy_correction: OffPolicyName | None = None
     off_policy_cap: float = 2.0
-    # critic (advantage="gae": PPO with GAE, VAPO; objectives.md §10)
+    # critic (advantage="gae": PPO with GAE, VAPO; docs/objectives.md#critic-ppo-vapo)
     gamma: float = Field(1.0, ge=0.0, le=1.0)
     gae_lambda: float = Field(0.95, ge=0.0, le=1.0)
     critic_lambda: float = Field(0.95, ge=0.0, le=1.0)

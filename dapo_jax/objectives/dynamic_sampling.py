@@ -1,4 +1,4 @@
-"""DAPO dynamic sampling, the per-group part (objectives.md §6): which groups carry a gradient.
+"""DAPO dynamic sampling, the per-group part (docs/objectives.md#dynamic-sampling): which groups carry a gradient.
 
 A group whose responses are all right or all wrong has advantages exactly 0 and no gradient; DAPO
 keeps only groups with `0 < #correct < G`, or (metric "reward") a non-zero spread of a float metric.

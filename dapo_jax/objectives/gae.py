@@ -1,4 +1,4 @@
-"""Critic-based advantages (PPO with GAE, VAPO) and the clipped value loss (objectives.md §10).
+"""Critic-based advantages (PPO with GAE, VAPO) and the clipped value loss (docs/objectives.md#critic-ppo-vapo).
 
 For one response of length `L` (tokens `o_0 … o_{L-1}`), `V_t` is the critic's value of the state
 before token `t` (its head read at the position that predicts `o_t`), and `V_L = 0`:

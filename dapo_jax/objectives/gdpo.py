@@ -1,4 +1,4 @@
-"""GDPO, group DPO (objectives.md §11): a DPO loss on the best and the worst response of each group.
+"""GDPO, group DPO (docs/objectives.md#gfpo-gdpo): a DPO loss on the best and the worst response of each group.
 
 For a group (one prompt's G responses) whose rewards have spread, `y⁺` is the highest-reward
 response and `y⁻` the lowest (ties: the first index). With `ℓ(y) = Σ_t m_t·log π(o_t)` summed over

@@ -1,4 +1,4 @@
-"""GFPO, Group Filtered Policy Optimization (Shrivastava et al. 2025, arXiv 2508.09726; objectives.md §11).
+"""GFPO, Group Filtered Policy Optimization (Shrivastava et al. 2025, arXiv 2508.09726; docs/objectives.md#gfpo-gdpo).
 
 Sample `G'` responses per prompt (the rollout's `G`), train on the `k < G'` best of them by a metric,
 with the advantage computed inside the kept subset `S` only:

@@ -1,4 +1,4 @@
-"""KL estimators to the reference policy (objectives.md §3), per token.
+"""KL estimators to the reference policy (docs/objectives.md#kl), per token.
 
 With `x = clip(logp - ref, -20, 20)` (the clamp keeps exp finite):
 

@@ -180,7 +180,7 @@ def compute_advantages(cfg: ObjectiveConfig, rewards, mask, kl=None, *, valid=No
         cfg.kl_in == "reward" and cfg.kl_beta > 0, ignored otherwise (beta = 0 needs no reference).
       valid: optional [P, G] responses that count in the statistics (others get 0).
     """
-    if isinstance(rewards, StepRewards):  # process supervision (objectives.md §12)
+    if isinstance(rewards, StepRewards):  # process supervision (docs/objectives.md#process-supervision)
         if not cfg.needs_step_rewards:
             raise ValueError(f"step rewards given, but advantage={cfg.advantage!r} reads outcome rewards "
                              f"(advantage='grpo_process' reads steps)")

@@ -1,4 +1,4 @@
-"""VAPO's positive-example LM loss (objectives.md §10, item 4), exact under micro-batching.
+"""VAPO's positive-example LM loss (docs/objectives.md#critic-ppo-vapo, item 4), exact under micro-batching.
 
     L = L_PPO + μ·L_NLL,   L_NLL = -Σ_{o∈T} Σ_t log π_θ(o_t) / Σ_{o∈T} |o|
 

@@ -1,4 +1,5 @@
-"""Off-policy correction: the tokens were drawn by a behaviour policy μ other than π_old (objectives.md §13).
+"""Off-policy correction: the tokens were drawn by a behaviour policy μ other than π_old
+(docs/objectives.md#off-policy-correction).
 
 The sampler that drew a response is not always the policy the trainer calls π_old: it may compute
 in another precision (a bfloat16 sampler, a float32 trainer), run stale weights (groups carried to
@@ -123,7 +124,8 @@ def recompute_old_logp(explicit: bool | None, *, sampler_dtype: str, trainer_dty
                        correction: str | None) -> bool:
     """Whether the trainer recomputes `log π_old` instead of taking the sampler's log-probs.
 
-    The rule (objectives.md §7, §13): an explicit True / False wins. Otherwise (None) recompute when
+    The rule (docs/objectives.md#updates-per-rollout, #off-policy-correction): an explicit True / False
+    wins. Otherwise (None) recompute when
     the sampler and the trainer compute in different dtypes (their log-probs differ by more than
     rounding, so the sampler's are μ, not π_old), or when an off-policy correction is on (it compares
     the two; without the recomputation every weight would be 1).

@@ -1,4 +1,4 @@
-"""Per-token policy losses ℓ[P, G, T] to minimise (objectives.md §2).
+"""Per-token policy losses ℓ[P, G, T] to minimise (docs/objectives.md#policy-losses).
 
 All losses share one keyword signature so the registry can call any of them:
 

@@ -1,4 +1,4 @@
-"""Process supervision (objectives.md §12; DeepSeekMath §4.1.3): advantages from step rewards.
+"""Process supervision (docs/objectives.md#process-supervision; DeepSeekMath §4.1.3): advantages from step rewards.
 
 A process reward gives response `i` step rewards `r_i^(j)` that end at token indices `e_i^(j)`.
 They are normalised over ALL step rewards of the group (every response's steps pooled),

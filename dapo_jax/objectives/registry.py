@@ -1,7 +1,7 @@
 """Names -> pure functions, and named recipes -> `ObjectiveConfig`.
 
 The trainer never branches on an objective's name: it reads the config fields, and the fields name
-entries of these dicts. Recipes live in `configs/objectives/NAME.yaml` (keys = ObjectiveConfig fields).
+entries of these dicts. Recipes live in `dapo_jax/configs/objectives/NAME.yaml` (keys = ObjectiveConfig fields).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ OFF_POLICY_CORRECTIONS = {
     "seq_mask": off_policy.seq_mask,
 }
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "objectives"
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "objectives"  # packaged with the code
 
 
 def available_objectives() -> list[str]:
@@ -73,7 +73,7 @@ def _resolve(name_or_path: str) -> Path:
 
 
 def load_objective(name_or_path: str, **overrides) -> ObjectiveConfig:
-    """Load a named recipe (`configs/objectives/NAME.yaml`) or a YAML file, then apply `overrides`.
+    """Load a named recipe (`dapo_jax/configs/objectives/NAME.yaml`) or a YAML file, then apply `overrides`.
 
     Unknown keys fail naming the key and the file (or "overrides"); invalid values fail with
     pydantic's error, which names the field, prefixed by the file.

@@ -1,4 +1,4 @@
-"""Reward shaping on response length (objectives.md §5): DAPO's soft overlong punishment and
+"""Reward shaping on response length (docs/objectives.md#rewards-and-shaping): DAPO's soft overlong punishment and
 overlong filtering. Lengths are counted in TOKENS (Tunix counts characters, which is wrong).
 """
 

@@ -5,7 +5,7 @@ A reward function is called as ``fn(response, ground_truth) -> float`` and also 
 ``fn.is_correct(...) -> bool`` (what accuracy metrics count, independent of the reward values) and
 ``fn.wrong`` (the value an unscorable response gets).
 
-Rule rewards (objectives.md §5): ``right`` if the check passes else ``wrong``; DAPO's ``+1 / -1``
+Rule rewards (docs/objectives.md#rewards-and-shaping): ``right`` if the check passes else ``wrong``; DAPO's ``+1 / -1``
 is the default, GRPO-style recipes use ``right=1.0, wrong=0.0``.
 
 =============== =============================================================================

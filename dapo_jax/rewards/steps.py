@@ -1,4 +1,5 @@
-"""Step rewards for process supervision (objectives.md §12): one reward per step, with where it ends.
+"""Step rewards for process supervision (docs/objectives.md#process-supervision): one reward per step,
+with where it ends.
 
 A step reward function is called as ``fn(response, prompt, answer) -> [(reward, char_end), ...]``:
 one entry per step of the response, ``char_end`` the index in ``response`` of the step's last

@@ -25,7 +25,7 @@ rounding (`tests/sampling/test_continuous.py`). The log-probs are the trainer's,
 What it costs: each step attends over all `T - 1` response slots (the rows are at different steps,
 so `generate`'s blocks, which skip the empty slots, do not apply); the `G` rows of a prompt read `G`
 copies of its keys and values instead of one; free rows compute padding until the host refills
-them. `scripts/bench_long_tail.py` measures it against `generate`. One process only: the host
+them. `benchmarks/long_tail.py` measures it against `generate`. One process only: the host
 decides the refills (a multi-process run would have to agree on them).
 """
 

@@ -174,7 +174,7 @@ def _nucleus_floor(logprobs: jax.Array, probs: jax.Array, top_p: float) -> jax.A
 
 def _truncation_mask_sorted(logprobs: jax.Array, *, top_k: int = 0, top_p: float = 1.0) -> jax.Array:
     """The previous `truncation_mask`, which sorts the whole vocabulary when top_k is off: the
-    reference that tests and `scripts/bench_topp.py` compare against. Not used by the sampler."""
+    reference that tests and `benchmarks/topp.py` compare against. Not used by the sampler."""
     vocab = logprobs.shape[-1]
     k = vocab if top_k <= 0 else min(top_k, vocab)
     if k == vocab and top_p >= 1.0:

@@ -1,7 +1,7 @@
 """The DAPO training loop: typed config, rollout with dynamic sampling, jitted update, checkpoints, metrics.
 
     from dapo_jax.training import load_config, train
-    train(load_config("configs/tiny_dapo.yaml", ["train.steps=20"]))
+    train(load_config("tiny_dapo", ["train.steps=20"]))
 """
 
 from dapo_jax.training.config import ConfigError, RunConfig, config_from_dict, load_config, save_config

@@ -1,6 +1,7 @@
 """A run's whole configuration: YAML -> frozen, validated pydantic models.
 
-    cfg = load_config("configs/tiny_dapo.yaml", ["rollout.G=8", "train.run_dir=runs/x"])
+    cfg = load_config("tiny_dapo", ["rollout.G=8", "train.run_dir=runs/x"])   # a packaged recipe, or a path
+
 
 Every section forbids unknown keys. A bad key, a wrong type or an impossible value (G < 2,
 a batch that does not split over the mesh, eps_high < eps_low, ...) raises `ConfigError`
@@ -10,16 +11,21 @@ name through `dapo_jax.objectives.registry.load_objective`; nothing else looks a
 
 from __future__ import annotations
 
+import difflib
 import functools
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
 import pydantic
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CONFIG_DIR = REPO_ROOT / "configs"
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+# The folder holding the package: the checkout in a clone or an editable install, site-packages in a
+# wheel install. Relative paths the packaged recipes name (`dapo_jax/assets/tiny_base`) resolve there.
+REPO_ROOT = PACKAGE_DIR.parent
+CONFIG_DIR = PACKAGE_DIR / "configs"  # the recipes ship inside the package, so any install finds them
 DEFAULT_CONFIG = CONFIG_DIR / "tiny_dapo.yaml"
 
 
@@ -33,10 +39,10 @@ class _Section(BaseModel):
 
 
 class ModelSection(_Section):
-    path: str = "dapo_jax/assets/tiny_base"
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    param_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    remat: Literal["none", "full", "dots_saveable"] = "none"
+    path: str = "dapo_jax/assets/tiny_base"  # a Hugging Face folder: config.json, safetensors weights, tokenizer
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # compute dtype (norms, softmax stay float32)
+    param_dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # the master weights and Adam moments
+    remat: Literal["none", "full", "dots_saveable"] = "none"  # recompute activations in the backward pass
     # attention without a KV cache (update, log-probs, critic, prefill): models/attention.py. auto = splash on
     # TPU, gpu_flash on GPU, on CPU reference for short rows and blockwise for long ones
     attention: Literal["auto", "reference", "blockwise", "splash", "gpu_flash"] = "auto"
@@ -46,21 +52,21 @@ class SourceSection(_Section):
     """One prompt source: the built-in synthetic task, or a file / folder / hub name read by `dapo_jax.data`."""
 
     name: str = "synthetic"  # "synthetic", a .jsonl/.json/.parquet/.csv file, a saved dataset dir, or a hub name
-    split: str = "train"
+    split: str = "train"  # the split of a hub dataset or of the built-in tasks (train / heldout)
     format: str = "synthetic"  # dapo_jax.data.datasets.FORMATS: gsm8k, math500, dapo_math, aime, amc, custom, ...
     prompt_field: str | None = None  # override the format's field paths (dotted)
-    answer_field: str | None = None
-    template: Literal["raw", "dapo", "chat", "dapo_chat"] = "raw"
-    limit: int | None = Field(default=None, gt=0)
+    answer_field: str | None = None  # likewise for the answer
+    template: Literal["raw", "dapo", "chat", "dapo_chat"] = "raw"  # prompt text: data/templates.py
+    limit: int | None = Field(default=None, gt=0)  # the first N problems only
     options: dict[str, Any] = Field(default_factory=dict)  # synthetic task only: max_operand, ops, heldout_size
 
 
 class DataSection(_Section):
     train: SourceSection = SourceSection()
     eval: SourceSection | None = SourceSection(split="heldout")
-    eval_size: int = Field(default=64, gt=0)
-    max_prompt_length: int = Field(default=64, gt=0)
-    seed: int = 0
+    eval_size: int = Field(default=64, gt=0)  # held-out problems per evaluation
+    max_prompt_length: int = Field(default=64, gt=0)  # in tokens; longer prompts are skipped and counted
+    seed: int = 0  # the order prompts are drawn in
 
 
 class ObjectiveSection(_Section):
@@ -75,8 +81,12 @@ class ObjectiveSection(_Section):
 
     def build(self, *, max_response_length: int | None = None):
         """The `ObjectiveConfig` this section names; `max_response_length` fills the objective's if unset."""
+        from dapo_jax.objectives.config import ObjectiveConfig
         from dapo_jax.objectives.registry import load_objective
 
+        for key in self.overrides:
+            if key not in ObjectiveConfig.model_fields:
+                raise _KeyedError(key, f"unknown objective key{did_you_mean(key, ObjectiveConfig.model_fields)}")
         cfg = load_objective(self.name, **self.overrides)
         if cfg.max_response_length is None and max_response_length is not None:
             cfg = load_objective(self.name, **{**self.overrides, "max_response_length": max_response_length})
@@ -84,12 +94,13 @@ class ObjectiveSection(_Section):
 
 
 class RolloutSection(_Section):
-    G: int = Field(default=8, ge=2)
+    G: int = Field(default=8, ge=2)  # responses per prompt (the group)
     train_batch: int = Field(default=8, gt=0)  # prompts (groups) per optimizer batch
     gen_batch: int = Field(default=16, gt=0)  # prompts generated per dynamic-sampling round
-    max_gen_batches: int = Field(default=10, gt=0)
+    max_gen_batches: int = Field(default=10, gt=0)  # dynamic-sampling rounds per step at most
+    # when max_gen_batches rounds keep fewer than train_batch groups: stop (exit 3), or train on those kept
     on_starvation: Literal["fail", "train_on_kept"] = "fail"
-    carry_surplus: bool = False
+    carry_surplus: bool = False  # kept groups beyond train_batch go to the next step instead of being dropped
     # Recompute log π_old with the trainer instead of taking the sampler's log-probs; None = follow
     # precision (`RunConfig.recompute_old_logp`): recompute when sampler_dtype differs from model.dtype
     # or an objective.off_policy_correction is on. An explicit true / false wins.
@@ -99,20 +110,20 @@ class RolloutSection(_Section):
     # One-step off-policy rollouts (training/overlap.py): step k+1 is generated with the params before
     # update k while that update runs; needs an objective.off_policy_correction (e.g. dapo_tis).
     overlap: bool = False
-    temperature: float = Field(default=1.0, gt=0)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    top_k: int = Field(default=0, ge=0)
-    max_new_tokens: int = Field(default=16, gt=0)
+    temperature: float = Field(default=1.0, gt=0)  # sampling temperature (the log-probs are of logits / T)
+    top_p: float = Field(default=1.0, gt=0, le=1)  # nucleus sampling; 1 = off
+    top_k: int = Field(default=0, ge=0)  # 0 = off
+    max_new_tokens: int = Field(default=16, gt=0)  # the response budget L_max in tokens (EOS included)
     # Active-row compaction (dapo_jax/sampling/compaction.py): once at most half the rows are still
     # decoding, go on with a batch of half the size (down to compaction_min_rows); same rollout.
     compaction: bool = False
-    compaction_min_rows: int = Field(default=8, ge=1)
+    compaction_min_rows: int = Field(default=8, ge=1)  # the smallest batch compaction goes down to
     # Continuous batching (dapo_jax/sampling/continuous.py): gen_batch x G row slots decoding at once,
     # finished rows refilled with the next prompts, continuous_refill prompts at a time (None = a
     # quarter of gen_batch, dividing it), and dynamic sampling judging the groups in admission order
     # as they complete, that many at a time; one process only.
     continuous: bool = False
-    continuous_refill: int | None = Field(default=None, ge=1)
+    continuous_refill: int | None = Field(default=None, ge=1)  # prompts admitted at a time; None = gen_batch / 4
     # Admit only the prompts the step still needs (the groups missing over the fraction kept so
     # far): ~40x fewer tokens drawn for dropped groups on cot_dapo, but fewer rows decoding at
     # once, which made the rollout slower on a 2-core CPU (docs/benchmarks.md, "Ragged rollouts").
@@ -120,17 +131,17 @@ class RolloutSection(_Section):
 
 
 class OptimSection(_Section):
-    lr: float = Field(default=1e-6, gt=0)
-    warmup_steps: int = Field(default=0, ge=0)
-    schedule: Literal["constant", "cosine"] = "constant"
-    min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
-    weight_decay: float = Field(default=0.1, ge=0)
-    b1: float = Field(default=0.9, ge=0, lt=1)
-    b2: float = Field(default=0.999, ge=0, lt=1)
-    eps: float = Field(default=1e-8, gt=0)
-    grad_clip: float | None = Field(default=1.0, gt=0)
-    num_minibatches: int = Field(default=1, gt=0)
-    micro_batches: int = Field(default=1, gt=0)
+    lr: float = Field(default=1e-6, gt=0)  # AdamW learning rate (after warm-up)
+    warmup_steps: int = Field(default=0, ge=0)  # linear warm-up from 0
+    schedule: Literal["constant", "cosine"] = "constant"  # after warm-up; cosine decays to min_lr_ratio * lr
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1)  # the cosine schedule's floor
+    weight_decay: float = Field(default=0.1, ge=0)  # AdamW's decoupled weight decay
+    b1: float = Field(default=0.9, ge=0, lt=1)  # Adam's first-moment decay
+    b2: float = Field(default=0.999, ge=0, lt=1)  # Adam's second-moment decay
+    eps: float = Field(default=1e-8, gt=0)  # Adam's epsilon
+    grad_clip: float | None = Field(default=1.0, gt=0)  # global gradient-norm clip; null = off
+    num_minibatches: int = Field(default=1, gt=0)  # optimizer updates per rollout batch
+    micro_batches: int = Field(default=1, gt=0)  # gradient accumulation within a mini-batch (same update)
     # Padding-free policy update (training/packed_step.py): the real tokens of every (prompt, response)
     # packed end to end into chunks of packing_rows x (max_prompt_length + max_new_tokens); same result.
     packing: bool = False
@@ -150,8 +161,9 @@ class LoRASection(_Section):
     checkpointed; the base weights stay frozen and are the reference policy. No `lora` section (or
     `lora=null`) = full fine-tuning."""
 
-    rank: int = Field(default=8, gt=0)
+    rank: int = Field(default=8, gt=0)  # r: A is [in, r], B is [r, out]
     alpha: float = Field(default=16.0, gt=0)  # the update is scaled by alpha / rank, as in PEFT
+    # the projections that get adapters (every layer), without repeats
     targets: list[Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         min_length=1)
@@ -169,49 +181,50 @@ class CriticSection(OptimSection):
     its trunk (None = model.path, the policy's initial weights). No `critic` section = `optim`'s values;
     a partial one takes `optim`'s values for the keys it does not name."""
 
-    path: str | None = None
+    path: str | None = None  # the trunk's starting weights; None = model.path
 
 
 class DistributedSection(_Section):
-    coordinator: str | None = None
-    num_processes: int | None = Field(default=None, gt=0)
-    process_id: int | None = Field(default=None, ge=0)
+    coordinator: str | None = None  # host:port of process 0; all None = read from the cluster's environment
+    num_processes: int | None = Field(default=None, gt=0)  # processes in the run (hosts)
+    process_id: int | None = Field(default=None, ge=0)  # this process's index
 
 
 class MeshSection(_Section):
-    data: int = Field(default=1, gt=0)
-    fsdp: int = Field(default=1, gt=0)
-    tensor: int = Field(default=1, gt=0)
+    data: int = Field(default=1, gt=0)  # devices that hold replicas (batch split over data x fsdp)
+    fsdp: int = Field(default=1, gt=0)  # devices the parameters are sharded over (ZeRO-3)
+    tensor: int = Field(default=1, gt=0)  # tensor parallelism (Megatron-style); heads and vocab must divide
     distributed: DistributedSection | None = None
 
 
 class WandbSection(_Section):
     """Weights & Biases settings, used when `train.loggers` lists `wandb` (see dapo_jax.training.loggers)."""
 
-    project: str = "dapo-jax"
-    entity: str | None = None
+    project: str = "dapo-jax"  # the W&B project
+    entity: str | None = None  # the W&B team or user; None = the account's default
     name: str | None = None  # None = the run dir's name
-    group: str | None = None
-    tags: list[str] = Field(default_factory=list)
+    group: str | None = None  # W&B's run group (seeds of one setting, ...)
+    tags: list[str] = Field(default_factory=list)  # W&B's run tags
     mode: Literal["online", "offline", "disabled"] | None = None  # None = WANDB_MODE from the environment, else online
 
 
 class TrainSection(_Section):
-    steps: int = Field(default=10, ge=0)
-    seed: int = 0
+    steps: int = Field(default=10, ge=0)  # optimizer steps (rollout + update); a resumed run goes on to it
+    seed: int = 0  # sampling keys (training and evaluation) and initialisation
     eval_every: int = Field(default=0, ge=0)  # 0 = only at the start and the end
-    eval_k: int = Field(default=4, gt=0)
+    eval_k: int = Field(default=4, gt=0)  # samples per held-out problem (avg@k, pass@k, maj@k)
     eval_temperature: float = Field(default=1.0, ge=0)  # 0 = greedy
-    eval_top_p: float = Field(default=1.0, gt=0, le=1)
+    eval_top_p: float = Field(default=1.0, gt=0, le=1)  # 1 = off
     eval_top_k: int = Field(default=0, ge=0)  # 0 = off
     checkpoint_every: int = Field(default=0, ge=0)  # 0 = only at the end
-    keep_checkpoints: int = Field(default=2, gt=0)
-    run_dir: str = "runs/tiny_dapo"
-    progress: bool = True
+    keep_checkpoints: int = Field(default=2, gt=0)  # the newest N are kept
+    run_dir: str = "runs/tiny_dapo"  # metrics, logs, rollouts, checkpoints; rerunning into it resumes
+    progress: bool = True  # the progress bar
     tensorboard: bool = True  # the older switch, read only when `loggers` is not set
     loggers: list[Literal["tensorboard", "wandb"]] | None = None  # None = [tensorboard] if tensorboard else []
     wandb: WandbSection = WandbSection()
-    rollouts_every: int = Field(default=50, ge=0)  # RUN_DIR/rollouts/STEP.jsonl every N steps (and the first); 0 = never
+    # RUN_DIR/rollouts/STEP.jsonl every N steps (and the first); 0 = never
+    rollouts_every: int = Field(default=50, ge=0)
     rollouts_sample: int = Field(default=16, gt=0)  # groups (prompts, with all their responses) per logged step
     max_nonfinite_steps: int = Field(default=3, gt=0)  # this many steps in a row with a non-finite update stop the run
     fresh_start: bool = False  # when every checkpoint in run_dir is unreadable: start over instead of failing
@@ -226,7 +239,7 @@ class TrainSection(_Section):
 
 class RewardFunction(_Section):
     name: str  # dapo_jax.rewards.REWARDS (integer, dapo_answer, gsm8k, boxed, math_verify, format) or "synthetic"
-    weight: float = 1.0
+    weight: float = 1.0  # its weight in the combined reward
     options: dict[str, Any] = Field(default_factory=dict)  # the check's keyword options
 
 
@@ -234,7 +247,7 @@ class RewardSection(_Section):
     functions: list[RewardFunction] = Field(default_factory=lambda: [RewardFunction(name="synthetic")])
     right: float | None = None  # None = the objective's reward_correct
     wrong: float | None = None  # None = the objective's reward_wrong
-    on_error: Literal["raise", "wrong"] = "wrong"
+    on_error: Literal["raise", "wrong"] = "wrong"  # a reward that raises: stop naming the row, or score it wrong
 
 
 class RunConfig(_Section):
@@ -258,7 +271,7 @@ class RunConfig(_Section):
         return data
 
     @model_validator(mode="after")
-    def _consistent(self) -> "RunConfig":
+    def _consistent(self, info: ValidationInfo) -> "RunConfig":
         r, o, m = self.rollout, self.optim, self.mesh
         shards = m.data * m.fsdp
         checks = [
@@ -300,12 +313,15 @@ class RunConfig(_Section):
         for key, ok, msg in checks:
             if not ok:
                 raise _KeyedError(key, msg)
+        self._overlong_fits(info.context or {})
         try:
             objective = self.objective.build(max_response_length=r.max_new_tokens)
             if objective.gfpo:  # GFPO keeps k of the G generated responses: k <= G
                 from dapo_jax.training.group_filter import GroupFilter
 
                 GroupFilter(objective, group_size=r.G)
+        except _KeyedError as e:
+            raise _KeyedError(f"objective.{e.key}", e.msg) from e
         except (ValueError, TypeError, KeyError, pydantic.ValidationError) as e:
             raise _KeyedError("objective", f"{type(e).__name__}: {e}") from e
         if o.packing and objective.kind == "gdpo":
@@ -337,6 +353,37 @@ class RunConfig(_Section):
                               f"are the same array, every weight is 1 and nothing is masked: set it to true or "
                               f"leave it unset (it then follows the correction)")
         return self
+
+    def _overlong_fits(self, context: dict) -> None:
+        """The soft overlong band (`overlong_buffer`, L_cache) must fit in the response (L_max, which is
+        `rollout.max_new_tokens` unless the objective sets `max_response_length`). The band usually comes
+        from a recipe or a run config the user did not write, so the error says which knob to turn and
+        which file (or the command line) set the band."""
+        from dapo_jax.objectives.registry import load_objective
+
+        try:
+            recipe = load_objective(self.objective.name)
+        except (ValueError, TypeError, KeyError, FileNotFoundError, pydantic.ValidationError):
+            return  # a bad name or recipe: the objective build below names it
+        extra = self.objective.overrides
+        buffer = extra.get("overlong_buffer", recipe.overlong_buffer)
+        length = extra.get("max_response_length", recipe.max_response_length)
+        if not isinstance(buffer, int) or isinstance(buffer, bool) or buffer < 1:
+            return  # None (off) or a bad value: the objective's own check names it
+        key = "objective.max_response_length" if isinstance(length, int) else "rollout.max_new_tokens"
+        length = length if isinstance(length, int) else self.rollout.max_new_tokens
+        if buffer <= length:
+            return
+        if "objective.overlong_buffer" in context.get("overridden", ()):
+            where = "on the command line"
+        elif "overlong_buffer" in extra:
+            where = f"in {context.get('source', 'the run config')}'s objective section"
+        else:
+            where = f"by the objective recipe {self.objective.name!r} ({_recipe_file(self.objective.name)})"
+        raise _KeyedError(key, f"{length} is shorter than objective.overlong_buffer={buffer} (set {where}), the "
+                          f"soft overlong punishment band that must fit in the response: raise {key} above {buffer}, "
+                          f"or shrink the band (objective.overlong_buffer={max(1, length // 4)}), or turn it off "
+                          f"(objective.overlong_buffer=null)")
 
     @property
     def sampler_dtype(self) -> str:
@@ -370,6 +417,16 @@ class RunConfig(_Section):
         dump.pop("name", None)
         data["objective"] = {"name": self.objective.name, **dump}
         return yaml.safe_dump(data, sort_keys=False)
+
+
+def _recipe_file(name: str) -> str:
+    from dapo_jax.objectives.registry import CONFIG_DIR as OBJECTIVES
+
+    path = Path(name) if name.endswith((".yaml", ".yml")) else OBJECTIVES / f"{name}.yaml"
+    try:
+        return str(path.relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
 
 
 class _KeyedError(ValueError):
@@ -436,17 +493,47 @@ def _drop_stale_options(data: dict, overridden: set[str]) -> None:
             node.pop("options", None)
 
 
+def recipes() -> list[str]:
+    """The packaged run recipes (`dapo_jax/configs/*.yaml`) by name, sorted."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
+def did_you_mean(word: str, choices) -> str:
+    """` (did you mean 'x'?)` for the closest of `choices`, or '' when none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def find_config(name_or_path: str | Path) -> Path:
+    """Where a run config is: an existing file (or run dir) as given; else a packaged recipe, named
+    (`tiny_dapo`) or by the checkout path it used to have (`configs/tiny_dapo.yaml`), so the commands of
+    older docs and scripts work from any directory and any install."""
+    path = Path(name_or_path).expanduser()
+    if path.exists() or path.is_absolute():
+        return path
+    parts = path.parts[1:] if path.parts[:1] == ("configs",) else path.parts
+    if parts:
+        rel = Path(*parts)
+        for candidate in (CONFIG_DIR / rel, CONFIG_DIR / f"{rel}.yaml"):
+            if candidate.is_file():
+                return candidate
+    return path
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Reads `path` (None = the embedded default), applies dotted overrides, validates everything.
+    """Reads `path` (None = the embedded default; a recipe name or path: `find_config`), applies dotted
+    overrides, validates everything.
 
     Relative paths in the file are looked up beside the file first (`_anchor_paths`); relative paths
     in overrides are relative to the working directory, as typed in a shell.
     """
-    path = Path(path) if path is not None else DEFAULT_CONFIG
+    path = find_config(path) if path is not None else DEFAULT_CONFIG
     if path.is_dir():
         path = path / "config.yaml"
     if not path.exists():
-        raise ConfigError(f"config file {path} does not exist")
+        stem = path.name.removesuffix(".yaml").removesuffix(".yml")
+        raise ConfigError(f"config file {path} does not exist{did_you_mean(stem, recipes())}; the packaged "
+                          f"recipes (by name): {', '.join(recipes())}")
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
@@ -458,12 +545,56 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     for key, value in parsed:
         _set_dotted(data, key, value, str(path))
     _drop_stale_options(data, {key for key, _ in parsed})
-    return config_from_dict(data, source=str(path))
+    return config_from_dict(data, source=str(path), overridden={key for key, _ in parsed})
 
 
-def config_from_dict(data: dict, *, source: str = "<dict>") -> RunConfig:
+def section_model(annotation) -> type[BaseModel] | None:
+    """The section class inside a field's annotation (`X`, `X | None`, `list[X]`)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        if (found := section_model(arg)) is not None:
+            return found
+    return None
+
+
+def _all_keys(model: type[BaseModel] = None, prefix: str = "") -> list[str]:
+    """Every dotted key of the config: `optim.lr`, `train.wandb.project`, `reward.functions.name`, ..."""
+    out = []
+    for name, field in (model or RunConfig).model_fields.items():
+        sub = section_model(field.annotation)
+        out += _all_keys(sub, f"{prefix}{name}.") if sub is not None else [f"{prefix}{name}"]
+    return out
+
+
+def _suggest(loc: tuple) -> str:
+    """` (did you mean 'optim.lr'?)` for an unknown key at `loc`: a near spelling in its section, the
+    initials of a long name (`learning_rate` -> `lr`), or the same key in another section."""
+    section: type[BaseModel] | None = RunConfig
+    for part in loc[:-1]:
+        if isinstance(part, int) or section is None:
+            continue
+        field = section.model_fields.get(part)
+        section = section_model(field.annotation) if field is not None else None
+    if section is None:
+        return ""
+    key, names = str(loc[-1]), list(section.model_fields)
+    prefix = ".".join(str(p) for p in loc[:-1])
+    prefix = f"{prefix}." if prefix else ""
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+    initials = "".join(w[0] for w in key.split("_") if w)
+    close = close or [n for n in names if "_" in key and n == initials]
+    if close:
+        return f" (did you mean {prefix + close[0]!r}?)"
+    elsewhere = [k for k in _all_keys() if k.rsplit(".", 1)[-1] == key]
+    return f" (did you mean {elsewhere[0]!r}?)" if elsewhere else ""
+
+
+def config_from_dict(data: dict, *, source: str = "<dict>", overridden: set[str] = frozenset()) -> RunConfig:
+    """Validates a config tree; `overridden` (the dotted keys given on the command line) lets an error
+    say whether a value came from the file or the command line."""
     try:
-        return RunConfig.model_validate(data)
+        return RunConfig.model_validate(data, context={"source": source, "overridden": set(overridden)})
     except pydantic.ValidationError as e:
         lines = []
         for err in e.errors():
@@ -475,7 +606,8 @@ def config_from_dict(data: dict, *, source: str = "<dict>") -> RunConfig:
                 continue
             msg = err["msg"]
             if err["type"] == "extra_forbidden":
-                msg = "unknown key"
+                lines.append(f"{source}: {key}: unknown key{_suggest(err['loc'])}")
+                continue
             lines.append(f"{source}: {key}: {msg} (got {err.get('input')!r})")
         raise ConfigError("; ".join(lines)) from None  # one line: the file, the dotted key, what is wrong
 

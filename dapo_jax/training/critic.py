@@ -1,4 +1,5 @@
-"""The critic of PPO and VAPO (objectives.md §10): a value model with its own optimizer and jitted update.
+"""The critic of PPO and VAPO (docs/objectives.md#critic-ppo-vapo): a value model with its own optimizer and
+jitted update.
 
     critic = Critic.build(cfg, mesh)                    # when cfg.objective_config.uses_critic
     cstate = critic.init_state                          # a TrainState: params, optimizer state, counters

@@ -1,4 +1,4 @@
-"""Host side of GFPO (objectives.md §11, math in `objectives/gfpo.py`): which responses of each
+"""Host side of GFPO (docs/objectives.md#gfpo-gdpo, math in `objectives/gfpo.py`): which responses of each
 generated group are trained on, and the streaming difficulty statistic of adaptive GFPO.
 
     group_filter = GroupFilter(objective, group_size=G)       # built only when objective.gfpo

@@ -11,7 +11,8 @@ after k updates, a synchronous run samples rollout k from `θ_{k-1}`; with `roll
 k+1 is submitted before update k and samples `θ_{k-1}` too, on one background thread, while update
 k turns `θ_{k-1}` into `θ_k` (verl's one-step off-policy trainer). Update k+1 then trains `θ_k` on
 tokens of `θ_{k-1}`: one step stale. The trainer recomputes `log π_old` with `θ_k` and the objective's
-off-policy correction (objectives.md §13: `dapo_tis`) weights each token by `π_old / μ`, `μ` being
+off-policy correction (docs/objectives.md#off-policy-correction: `dapo_tis`) weights each token by
+`π_old / μ`, `μ` being
 the sampler's `θ_{k-1}`; the config refuses `rollout.overlap` without a correction.
 
 Only the params differ from a synchronous run: the rollout of step k+1 folds the same (step, round)

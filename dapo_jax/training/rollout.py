@@ -3,7 +3,7 @@
     groups, stats, carry = collect_groups(sample_round, keep_fn, train_batch=P, max_gen_batches=10, ...)
 
 `sample_round(i)` runs generation round `i` (a generation batch of prompts, G responses each) and
-returns scored `Groups`. DAPO's dynamic sampling (objectives.md §6) keeps the groups whose
+returns scored `Groups`. DAPO's dynamic sampling (docs/objectives.md#dynamic-sampling) keeps the groups whose
 correctness (or reward) has non-zero spread, refilling with further rounds until `train_batch`
 groups are kept; it trains on exactly `train_batch` of them. After `max_gen_batches` rounds it
 either fails with a message or pads the batch with mask-0 groups (fixed shapes, no recompile).

@@ -12,6 +12,7 @@ import pytest
 
 import dapo_jax
 from dapo_jax.data import cot
+from tests.data.base_model_parity import assert_loads_and_matches_transformers
 
 COT = Path(dapo_jax.__file__).parent / "assets" / "cot_base"
 REPO = Path(__file__).resolve().parents[2]
@@ -49,7 +50,7 @@ def test_configs_agree_with_the_base(script, name):
     token budget is the one the base's figures were measured with."""
     from dapo_jax.training.config import load_config
 
-    cfg = load_config(REPO / "configs" / f"{name}.yaml")
+    cfg = load_config(REPO / "dapo_jax" / "configs" / f"{name}.yaml")
     task = {k: v for k, v in script.TASK.items() if k not in ("seed", "train_size")}
     assert cfg.model.path == "dapo_jax/assets/cot_base"
     assert cfg.data.seed == script.TASK["seed"]
@@ -64,30 +65,12 @@ def test_configs_agree_with_the_base(script, name):
 
 
 def test_loads_and_matches_transformers():
-    import jax.numpy as jnp
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from dapo_jax.data.char_tokenizer import build_char_tokenizer
-    from dapo_jax.models.decoder import positions_from_mask
-    from dapo_jax.models.hf_io import load_pretrained
 
-    tok = AutoTokenizer.from_pretrained(COT)
-    model = load_pretrained(COT)
-    assert model.config.model_type == "qwen2" and model.config.vocab_size == len(tok)
-    assert model.config.eos_token_id == (tok.eos_token_id,) and model.config.pad_token_id == tok.pad_token_id
     prompt = "a12+b7+c45+d3="
     text = prompt + cot.solution(prompt)
-    ids = tok.encode(text, add_special_tokens=False)
-    assert ids == build_char_tokenizer().encode(text, add_special_tokens=False)
-    assert tok.decode(ids) == text and len(ids) == len(text)
-    x = jnp.asarray([ids], jnp.int32)
-    mask = jnp.ones_like(x)
-    ours = np.asarray(model.logits(model(x, positions_from_mask(mask), mask)[0]))
-    ref = AutoModelForCausalLM.from_pretrained(COT, dtype=torch.float32).eval()
-    with torch.no_grad():
-        theirs = ref(torch.tensor([ids])).logits.numpy()
-    np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=1e-4)
+    ids = assert_loads_and_matches_transformers(COT, text)  # a whole worked trace
+    assert ids == build_char_tokenizer().encode(text, add_special_tokens=False) and len(ids) == len(text)
 
 
 def test_auto_tokenizer_encodes_traces_exactly():

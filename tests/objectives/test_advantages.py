@@ -1,4 +1,4 @@
-"""Advantage estimators against plain NumPy loops (objectives.md §1)."""
+"""Advantage estimators against plain NumPy loops (docs/objectives.md#advantages)."""
 
 import jax
 import jax.numpy as jnp

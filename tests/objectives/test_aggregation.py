@@ -1,4 +1,4 @@
-"""(loss_sum, denominator) aggregation: NumPy references and micro-batch invariance (objectives.md §4)."""
+"""(loss_sum, denominator) aggregation: NumPy references and micro-batch invariance (docs/objectives.md#aggregation)."""
 
 import jax
 import jax.numpy as jnp

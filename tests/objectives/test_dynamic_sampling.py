@@ -1,4 +1,4 @@
-"""DAPO's per-group keep mask and counts (objectives.md §6)."""
+"""DAPO's per-group keep mask and counts (docs/objectives.md#dynamic-sampling)."""
 
 import jax
 import jax.numpy as jnp

@@ -1,5 +1,5 @@
 """GAE, value targets, VAPO's length-adaptive λ and the clipped value loss against plain NumPy loops
-(objectives.md §10)."""
+(docs/objectives.md#critic-ppo-vapo)."""
 
 import chex
 import jax

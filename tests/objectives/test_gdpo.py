@@ -1,4 +1,4 @@
-"""GDPO (group DPO, objectives.md §11) against a plain-NumPy reference: the pair, the loss, its gradient,
+"""GDPO (group DPO, docs/objectives.md#gfpo-gdpo) against a plain-NumPy reference: the pair, the loss, its gradient,
 ties, zero-spread groups, padding, the metrics, and that the train step does not depend on micro_batches."""
 
 import chex

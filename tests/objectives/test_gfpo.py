@@ -1,4 +1,4 @@
-"""GFPO (objectives.md §11): the kept-subset selection, adaptive k, the subset advantage, that dropped
+"""GFPO (docs/objectives.md#gfpo-gdpo): the kept-subset selection, adaptive k, the subset advantage, that dropped
 responses contribute nothing to the loss, its gradient or its denominator, micro-batch invariance of
 the update, and a 2-step end-to-end run of the `gfpo` recipe."""
 
@@ -239,7 +239,7 @@ def test_two_gfpo_steps_end_to_end(tmp_path):
     from dapo_jax.training.metrics import read_metrics
 
     run_dir = tmp_path / "run"
-    assert main(["train", str(REPO / "configs" / "tiny_dapo.yaml"), "objective.name=gfpo", "train.steps=2", "train.eval_every=0",
+    assert main(["train", str(REPO / "dapo_jax" / "configs" / "tiny_dapo.yaml"), "objective.name=gfpo", "train.steps=2", "train.eval_every=0",
                  "train.eval_k=2", "data.eval_size=16", "train.checkpoint_every=1", "train.progress=false",
                  "train.tensorboard=false", f"train.run_dir={run_dir}"]) == 0
     rows = [r for r in read_metrics(run_dir) if "reward_mean" in r]

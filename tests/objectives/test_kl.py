@@ -1,4 +1,4 @@
-"""KL estimators against NumPy formulas and hand values (objectives.md §3)."""
+"""KL estimators against NumPy formulas and hand values (docs/objectives.md#kl)."""
 
 import jax
 import jax.numpy as jnp

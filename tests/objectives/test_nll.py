@@ -1,5 +1,5 @@
 """VAPO's positive-example NLL term: L_PPO + μ·L_NLL over the correct responses of each optimizer batch,
-exact however a batch is split into micro-batches (objectives.md §10, item 4)."""
+exact however a batch is split into micro-batches (docs/objectives.md#critic-ppo-vapo, item 4)."""
 
 import chex
 import jax

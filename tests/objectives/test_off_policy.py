@@ -1,4 +1,4 @@
-"""Off-policy correction (objectives.md §13) against an independent NumPy reference: token / sequence
+"""Off-policy correction (docs/objectives.md#off-policy-correction) against an independent NumPy reference: token / sequence
 TIS weights and token / sequence masking through `objective_terms` (values, gradients, denominators,
 metrics), the micro-batch invariance of the full train step with a correction on, and the rule that
 makes the trainer recompute log π_old."""

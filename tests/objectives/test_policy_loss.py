@@ -1,4 +1,4 @@
-"""Per-token policy losses against NumPy loops, with gradients and edge cases (objectives.md §2)."""
+"""Per-token policy losses against NumPy loops, with gradients and edge cases (docs/objectives.md#policy-losses)."""
 
 import jax
 import jax.numpy as jnp

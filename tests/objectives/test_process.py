@@ -1,4 +1,4 @@
-"""Process supervision's advantage (objectives.md §12) against hand-computed values and a plain-NumPy
+"""Process supervision's advantage (docs/objectives.md#process-supervision) against hand-computed values and a plain-NumPy
 reference: statistics over ALL step rewards of the group, padded / masked steps, zero-spread groups."""
 
 import jax

@@ -1,4 +1,4 @@
-"""Registry dicts and the named recipes in configs/objectives/."""
+"""Registry dicts and the named recipes in dapo_jax/configs/objectives/."""
 
 import inspect
 

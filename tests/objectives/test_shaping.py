@@ -1,4 +1,4 @@
-"""Soft overlong punishment and overlong filtering (objectives.md §5)."""
+"""Soft overlong punishment and overlong filtering (docs/objectives.md#rewards-and-shaping)."""
 
 import jax
 import jax.numpy as jnp

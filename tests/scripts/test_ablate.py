@@ -14,7 +14,7 @@ import pytest
 from dapo_jax.training.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = REPO / "configs" / "tiny_dapo.yaml"
+TINY = REPO / "dapo_jax" / "configs" / "tiny_dapo.yaml"
 
 
 def _load_script():
@@ -89,7 +89,7 @@ def test_rows_are_otherwise_identical_runs(tmp_path):
 
 
 def test_a_config_without_overlong_shaping_drops_the_rows_that_would_repeat(tmp_path):
-    _, _, runs, dropped = resolved(REPO / "configs" / "tiny_grpo.yaml", tmp_path)
+    _, _, runs, dropped = resolved(REPO / "dapo_jax" / "configs" / "tiny_grpo.yaml", tmp_path)
     assert "overlong" not in runs and "dapo-overlong" not in runs
     assert {(d.key, same.key) for d, same in dropped} == {("overlong", "clip"), ("dapo-overlong", "dapo"),
                                                           ("dapo-dynsamp", "token")}
@@ -218,23 +218,33 @@ def test_script_end_to_end_two_steps_and_a_rerun_skips(tmp_path, monkeypatch):
     assert ablate.main(argv) == 0
 
 
-def test_a_failed_run_is_reported_and_the_others_go_on(tmp_path, monkeypatch):
+def fake_ablation(tmp_path, monkeypatch, *, seeds: int, rows: str, fails=lambda cfg: False):
+    """`(argv, out, trained)`: ablate's command line on the tiny config, with the trainer replaced by one
+    that writes a 4-step run (or raises when `fails(cfg)`) and records the rows it was called for."""
     import dapo_jax.training.loop as loop
-    from dapo_jax.training.guards import Preempted
 
     trained = []
 
     def fake_train(cfg):
         trained.append(Path(cfg.train.run_dir).parent.name)
-        if cfg.objective_config.dynamic_sampling:
+        if fails(cfg):
             raise RuntimeError("boom")
         write_run(Path(cfg.train.run_dir), [0.2, 0.3, 0.4], [0.5, 0.4, 0.3, 0.2], [4, 4, 4, 4])
         return {"eval/accuracy": 0.4}
 
     monkeypatch.setattr(loop, "train", fake_train)
     out = tmp_path / "ablation.md"
-    argv = [str(TINY), "--steps", "4", "--seeds", "2", "--rows", "grpo,dapo,clip", "--out", str(out),
+    argv = [str(TINY), "--steps", "4", "--seeds", str(seeds), "--rows", rows, "--out", str(out),
             "--runs-dir", str(tmp_path / "runs"), "--no-compile-cache", "--jobs", "1"]
+    return argv, out, trained
+
+
+def test_a_failed_run_is_reported_and_the_others_go_on(tmp_path, monkeypatch):
+    import dapo_jax.training.loop as loop
+    from dapo_jax.training.guards import Preempted
+
+    argv, out, trained = fake_ablation(tmp_path, monkeypatch, seeds=2, rows="grpo,dapo,clip",
+                                       fails=lambda cfg: cfg.objective_config.dynamic_sampling)
     assert ablate.main(argv) == 1
     assert trained == ["grpo", "grpo", "clip", "clip", "dapo", "dapo"]  # ladder order, every seed
     text = out.read_text()
@@ -317,16 +327,7 @@ def test_length_only_groups_are_the_uniform_correctness_groups_with_reward_sprea
 
 
 def test_a_rerun_rewrites_tables_and_keeps_hand_written_findings(tmp_path, monkeypatch):
-    import dapo_jax.training.loop as loop
-
-    def fake_train(cfg):
-        write_run(Path(cfg.train.run_dir), [0.2, 0.3, 0.4], [0.5, 0.4, 0.3, 0.2], [4, 4, 4, 4])
-        return {"eval/accuracy": 0.4}
-
-    monkeypatch.setattr(loop, "train", fake_train)
-    out = tmp_path / "ablation.md"
-    argv = [str(TINY), "--steps", "4", "--seeds", "1", "--rows", "grpo", "--out", str(out),
-            "--runs-dir", str(tmp_path / "runs"), "--no-compile-cache", "--jobs", "1"]
+    argv, out, _ = fake_ablation(tmp_path, monkeypatch, seeds=1, rows="grpo")
     assert ablate.main(argv) == 0
     assert "**Placeholder" in out.read_text()
     first = out.read_text().split("## Findings\n")[0]

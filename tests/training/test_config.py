@@ -1,11 +1,14 @@
 """Typed config: shipped configs load, overrides parse with YAML, errors name the key and the file."""
 
 
+from pathlib import Path
+
 import pytest
 import yaml
 
 from dapo_jax.training.config import (
-    CONFIG_DIR, DEFAULT_CONFIG, ConfigError, RunConfig, config_from_dict, load_config, parse_overrides, save_config,
+    CONFIG_DIR, DEFAULT_CONFIG, PACKAGE_DIR, ConfigError, RunConfig, config_from_dict, find_config, load_config,
+    parse_overrides, save_config,
 )
 
 SHIPPED = sorted(CONFIG_DIR.glob("*.yaml"))
@@ -90,6 +93,55 @@ def test_bad_yaml_and_missing_file(tmp_path):
     assert "mapping" in _error(tmp_path, "- a\n- b\n")
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "absent.yaml")
+
+
+def test_recipes_ship_in_the_package_and_are_found_by_name_or_by_their_old_path(tmp_path, monkeypatch):
+    assert CONFIG_DIR == PACKAGE_DIR / "configs" and (CONFIG_DIR / "objectives" / "dapo.yaml").is_file()
+    monkeypatch.chdir(tmp_path)  # not the checkout: nothing relative to it exists here
+    for typed in ("cot_dapo", "cot_dapo.yaml", "configs/cot_dapo.yaml"):
+        assert find_config(typed) == CONFIG_DIR / "cot_dapo.yaml"
+    assert find_config("qwen2.5-0.5b-gsm8k-dapo") == CONFIG_DIR / "qwen2.5-0.5b-gsm8k-dapo.yaml"  # dots in the name
+    assert load_config("configs/tiny_grpo.yaml").objective.name == "grpo"
+    (tmp_path / "configs").mkdir()  # a file of the user's own at that path wins over the recipe
+    (tmp_path / "configs" / "cot_dapo.yaml").write_text("objective: {name: grpo}\n")
+    assert find_config("configs/cot_dapo.yaml") == Path("configs/cot_dapo.yaml")
+    assert load_config("configs/cot_dapo.yaml").objective.name == "grpo"
+    with pytest.raises(ConfigError, match=r"tiny_dap.yaml does not exist \(did you mean 'tiny_dapo'\?\).*cot_dapo"):
+        load_config("configs/tiny_dap.yaml")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("optim.learning_rate=1e-4", "optim.learning_rate: unknown key (did you mean 'optim.lr'?)"),  # initials
+    ("optim.lrr=1e-4", "optim.lrr: unknown key (did you mean 'optim.lr'?)"),  # a typo
+    ("rollout.lr=1e-4", "rollout.lr: unknown key (did you mean 'optim.lr'?)"),  # another section's key
+    ("trian.steps=3", "trian: unknown key (did you mean 'train'?)"),
+    ("reward.functions=[{name: cot, wieght: 2}]", "reward.functions.0.wieght: unknown key (did you mean "
+                                                  "'reward.functions.0.weight'?)"),
+    ("objective.eps_hgh=0.3", "objective.eps_hgh: unknown objective key (did you mean 'eps_high'?)"),
+    ("rollout.zzz=1", "rollout.zzz: unknown key ("),  # nothing close: no suggestion
+])
+def test_an_unknown_key_gets_a_did_you_mean(tmp_path, override, message):
+    msg = _error(tmp_path, overrides=[override])
+    if message.endswith("("):
+        assert message[:-2] in msg and "did you mean" not in msg
+    else:
+        assert message in msg
+
+
+def test_an_overlong_band_longer_than_the_response_names_the_knob_and_who_set_the_band(tmp_path):
+    # The band (objective.overlong_buffer) set by the run config's file, by the command line, or by the recipe:
+    msg = _error(tmp_path, overrides=["rollout.max_new_tokens=1"])  # tiny_dapo.yaml sets overlong_buffer: 2
+    assert "rollout.max_new_tokens: 1 is shorter than objective.overlong_buffer=2" in msg
+    assert f"set in {tmp_path / 'bad.yaml'}'s objective section" in msg and "objective.overlong_buffer=null" in msg
+    msg = _error(tmp_path, overrides=["objective.overlong_buffer=8"])
+    assert "rollout.max_new_tokens: 6 is shorter than objective.overlong_buffer=8 (set on the command line)" in msg
+    msg = _error(tmp_path, text="rollout: {max_new_tokens: 64}\n")  # the dapo recipe's band, 4096 tokens
+    assert ("rollout.max_new_tokens: 64 is shorter than objective.overlong_buffer=4096 (set by the objective "
+            "recipe 'dapo' (dapo_jax/configs/objectives/dapo.yaml))") in msg
+    assert "pydantic" not in msg and "\n" not in msg
+    msg = _error(tmp_path, text="objective: {name: dapo, max_response_length: 8, overlong_buffer: 10}\n")
+    assert "objective.max_response_length: 8 is shorter than objective.overlong_buffer=10" in msg
+    assert load_config(None, ["rollout.max_new_tokens=1", "objective.overlong_buffer=null"]).rollout.max_new_tokens == 1
 
 
 def test_saved_config_reloads(tmp_path):

@@ -19,7 +19,7 @@ COT = Path(dapo_jax.__file__).parent / "assets" / "cot_base"
 @pytest.mark.skipif(not (COT / "config.json").exists(), reason="run scripts/make_cot_base.py first")
 def test_a_few_dapo_steps_on_the_cot_task(tmp_path):
     # max_new_tokens 96 (< the longest traces) so that truncation surely happens in 3 steps
-    cfg = load_config(REPO / "configs" / "cot_dapo.yaml", [
+    cfg = load_config(REPO / "dapo_jax" / "configs" / "cot_dapo.yaml", [
         f"train.run_dir={tmp_path / 'run'}", "train.steps=3", "train.eval_every=0", "train.eval_k=2",
         "train.checkpoint_every=0", "train.progress=false", "train.tensorboard=false", "data.eval_size=16",
         "rollout.gen_batch=8", "rollout.train_batch=8", "rollout.max_gen_batches=2", "rollout.max_new_tokens=96",

@@ -196,7 +196,7 @@ def test_three_steps_end_to_end(name, tmp_path):
     from dapo_jax.training.loop import train
     from dapo_jax.training.metrics import read_metrics
 
-    cfg = load_config(REPO / "configs" / f"tiny_{name}.yaml", [
+    cfg = load_config(REPO / "dapo_jax" / "configs" / f"tiny_{name}.yaml", [
         f"train.run_dir={tmp_path / 'run'}", "train.steps=3", "train.eval_every=0", "train.eval_k=2",
         "train.checkpoint_every=0", "train.progress=false", "train.tensorboard=false", "data.eval_size=16",
         "rollout.G=4", "rollout.train_batch=8", "rollout.gen_batch=8", "objective.value_pretrain_steps=2"

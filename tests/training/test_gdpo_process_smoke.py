@@ -1,5 +1,5 @@
 """Two training steps of the GDPO and process-supervision recipes on the embedded job
-(configs/tiny_dapo.yaml): the reference model and the step rewards reach the update, which trains."""
+(dapo_jax/configs/tiny_dapo.yaml): the reference model and the step rewards reach the update, which trains."""
 
 import math
 from pathlib import Path
@@ -17,7 +17,7 @@ SMALL = ["train.steps=2", "train.eval_every=0", "train.checkpoint_every=0", "tra
 
 
 def two_steps(tmp_path, *overrides, trains=True):
-    cfg = load_config(REPO / "configs" / "tiny_dapo.yaml", [f"train.run_dir={tmp_path / 'run'}", *SMALL, *overrides])
+    cfg = load_config(REPO / "dapo_jax" / "configs" / "tiny_dapo.yaml", [f"train.run_dir={tmp_path / 'run'}", *SMALL, *overrides])
     train(cfg)
     steps = [r for r in read_metrics(tmp_path / "run") if "reward_mean" in r]
     assert len(steps) == 2
@@ -42,9 +42,9 @@ def test_gdpo_recipe_trains(tmp_path):
 @pytest.mark.slow
 def test_grpo_process_recipe_takes_its_advantages_from_the_step_rewards(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="overlong_buffer"):  # tiny_dapo's soft overlong band shapes the outcome
-        load_config(REPO / "configs" / "tiny_dapo.yaml", ["objective.name=grpo_process"])
+        load_config(REPO / "dapo_jax" / "configs" / "tiny_dapo.yaml", ["objective.name=grpo_process"])
     with pytest.raises(ConfigError, match="step rewards"):
-        load_config(REPO / "configs" / "tiny_dapo.yaml", ["objective.name=grpo_process", "objective.overlong_buffer=null",
+        load_config(REPO / "dapo_jax" / "configs" / "tiny_dapo.yaml", ["objective.name=grpo_process", "objective.overlong_buffer=null",
                                                           "reward.functions=[{name: gsm8k}]"])
     # Steps all rewarded alike have no spread: every advantage must be exactly 0 although the outcome
     # rewards of most groups differ (had the loop fallen back to them, the advantages would not be 0).

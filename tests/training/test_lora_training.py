@@ -1,6 +1,6 @@
 """LoRA training (training/lora.py): only the adapters in the optimizer and the gradients, the base frozen
 and the reference policy, the sampler's merged weights giving the trainer's log-probs, and a 2-step run of
-configs/tiny_dapo_lora.yaml that resumes and exports."""
+dapo_jax/configs/tiny_dapo_lora.yaml that resumes and exports."""
 
 import json
 
@@ -185,7 +185,7 @@ def test_recipe_trains_resumes_and_exports(tmp_path):
                               nnx.to_flat_state(nnx.state(merged, nnx.Param))):
         np.testing.assert_array_equal(np.asarray(a.get_value()), np.asarray(b.get_value()), err_msg=str(p))
     adapted, _, _ = load_trained_model(load_config(run_dir), run_dir, adapters=True)
-    base = load_pretrained(CONFIG_DIR.parent / "dapo_jax" / "assets" / "tiny_base")
+    base = load_pretrained(CONFIG_DIR.parent / "assets" / "tiny_base")
     assert merged_decoder(adapted) is not adapted
     diff = [np.abs(np.asarray(a.get_value()) - np.asarray(b.get_value())).max()
             for (_, a), (_, b) in zip(nnx.to_flat_state(nnx.state(merged, nnx.Param)),

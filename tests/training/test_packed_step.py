@@ -270,7 +270,7 @@ def test_training_with_packing_runs_and_compiles_once(tmp_path, mesh):
     from dapo_jax.training.loop import train
     from dapo_jax.training.metrics import read_metrics
 
-    cfg = load_config(ROOT / "configs" / "tiny_dapo.yaml", [
+    cfg = load_config(ROOT / "dapo_jax" / "configs" / "tiny_dapo.yaml", [
         "optim.packing=true", "train.steps=3", "train.eval_every=0", "train.eval_k=1", "data.eval_size=4",
         "train.checkpoint_every=0", "train.progress=false", "train.tensorboard=false",
         f"train.run_dir={tmp_path / 'run'}", *mesh])

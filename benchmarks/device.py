@@ -1,0 +1,241 @@
+"""A Qwen2.5-0.5B-shaped model on whatever device JAX sees: train-step MFU, decode tokens/s, peak memory.
+
+    python -m benchmarks.device                           # on a GPU or TPU
+    python -m benchmarks.device --quick                   # a tiny shape, seconds on a CPU (the test runs it)
+    python -m benchmarks.device --phases decode_512 --decode-prompts 8 --json out.jsonl
+
+The model is Qwen2.5-0.5B's config.json (`step_memory.QWEN25_05B`) with random weights: bf16
+compute, float32 master weights, `remat: dots_saveable`, as the recipe `qwen2.5-0.5b-gsm8k-dapo`.
+Each phase runs in a process of its own, so its peak memory is its own:
+- `train`: one DAPO update (`make_packed_train_step`, as the loop builds it, in `--micro-batches` micro-batches
+  as the recipe's 4) on `--prompts` prompts of `--prompt-len` tokens x G = `--group` responses of ragged
+  lengths (uniform in 1..`--train-new-tokens`),
+  the median of `--steps` timed steps after one untimed. MFU = model FLOPs / step time / the device's
+  dense bf16 peak (`NOMINAL_PEAKS`, by `device_kind`; none on a CPU). Model FLOPs = 6 x matmul
+  parameters (the LM head included) x the tokens the packed rows lay out + causal attention
+  6 x layers x attention width x sum of squared sequence lengths. The same FLOPs are also set against a
+  matmul peak measured in the process (bf16 on an accelerator, f32 on a CPU).
+- `decode_512`, `decode_4096`: `make_generate` on `--decode-prompts` prompts x G = `--group` samples, no EOS
+  (every sequence runs the full length); tokens/s = sequences x new tokens / the second call's time (the
+  first one compiles).
+Peak memory: `memory_stats()["peak_bytes_in_use"]` of the device; on a CPU, which reports none, the
+process's maximum resident set size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+from benchmarks.harness import emit, median, peak_rss_bytes, run_child
+from benchmarks.peers import matmul_peak as square_matmul_peak, update_flops
+from benchmarks.step_memory import QWEN25_05B
+
+QUICK_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, vocab_size=512)
+# dense bf16 FLOP/s by `device_kind` substring, first match (vendor data sheets, without sparsity)
+NOMINAL_PEAKS = (("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("A100", 312e12), ("L4", 121e12),
+                 ("TPU v5 lite", 197e12), ("TPU v5", 459e12), ("TPU v6 lite", 918e12), ("TPU v4", 275e12))
+
+
+def nominal_peak(device_kind: str) -> float | None:
+    return next((peak for name, peak in NOMINAL_PEAKS if name in device_kind), None)
+
+
+def model_config(quick: bool):
+    from dapo_jax.models.config import ModelConfig
+
+    hf = {**QWEN25_05B, **(QUICK_SHAPE if quick else {})}
+    return ModelConfig.from_hf_dict(hf, param_dtype="float32", dtype="bfloat16", remat="dots_saveable")
+
+
+def train_flops(cfg, n_params: int, laid_out_tokens: int, seq_lengths) -> float:
+    """Forward + backward FLOPs of one update (the docstring's formula, `peers.update_flops`)."""
+    matmul = n_params - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)  # the lookup is no matmul
+    info = {"matmul_params": matmul, "layers": cfg.num_hidden_layers,
+            "attn_dim": cfg.num_attention_heads * cfg.head_dim}
+    return update_flops(info, [int(x) for x in seq_lengths], tokens=laid_out_tokens)
+
+
+def matmul_peak(on_cpu: bool) -> float:
+    """A square matmul's best FLOP/s here: f32 1024^3 on a CPU (as benchmarks.peers), bf16 8192^3 elsewhere."""
+    return square_matmul_peak(1024, dtype="float32") if on_cpu else square_matmul_peak(8192, dtype="bfloat16")
+
+
+def peak_memory() -> dict:
+    import jax
+
+    stats = jax.local_devices()[0].memory_stats() or {}
+    if "peak_bytes_in_use" in stats:
+        return {"peak_memory_bytes": int(stats["peak_bytes_in_use"]), "peak_memory_of": "device"}
+    rss = peak_rss_bytes()
+    return {"peak_memory_bytes": rss, "peak_memory_of": "host RSS"}
+
+
+def build(cfg, mesh):
+    """Random weights on the mesh: `(graphdef, params, parameter count)`."""
+    import jax
+    from flax import nnx
+
+    from dapo_jax.models.decoder import Decoder
+
+    with jax.set_mesh(mesh):
+        model = Decoder(cfg, rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(model)
+    return graphdef, params, int(sum(x.size for x in jax.tree.leaves(params)))
+
+
+def phase_train(args, cfg, mesh) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    from dapo_jax.objectives.registry import load_objective
+    from dapo_jax.parallel.host import to_global
+    from dapo_jax.parallel.mesh import batch_sharding
+    from dapo_jax.training.config import OptimSection
+    from dapo_jax.training.packed_step import make_packed_train_step
+    from dapo_jax.training.train_step import Batch, init_train_state, make_logprob_fn, make_optimizer
+
+    graphdef, params, n_params = build(cfg, mesh)
+    p, g, s, t = args.prompts, args.group, args.prompt_len, args.train_new_tokens
+    rng = np.random.default_rng(0)
+    prompt_len = rng.integers(s // 2, s + 1, size=p)
+    pmask = (np.arange(s)[None] >= s - prompt_len[:, None]).astype(np.int32)  # left-padded
+    pids = rng.integers(1, cfg.vocab_size, size=(p, s)).astype(np.int32) * pmask
+    lengths = rng.integers(1, t + 1, size=(p, g))
+    rmask = (np.arange(t)[None, None] < lengths[..., None]).astype(np.int32)
+    rids = rng.integers(1, cfg.vocab_size, size=(p, g, t)).astype(np.int32) * rmask
+    adv = rng.choice([-1.0, 1.0], size=(p, g, 1)).astype(np.float32) * rmask
+    put = lambda x: to_global(x, batch_sharding(mesh))  # noqa: E731
+    objective = load_objective("dapo", dynamic_sampling=False, overlong_buffer=None, max_response_length=t)
+    tx, schedule = make_optimizer(OptimSection(lr=1e-6, weight_decay=0.1, grad_clip=1.0))
+    with jax.set_mesh(mesh):
+        state = init_train_state(params, tx)
+        pids_j, pmask_j, rids_j, rmask_j, adv_j = put((pids, pmask, rids, rmask, adv))
+        old_logp, _ = make_logprob_fn(graphdef, temperature=1.0)(params, pids_j, pmask_j, rids_j, rmask_j)
+        batch = Batch(pids_j, pmask_j, rids_j, rmask_j.astype(jnp.float32), old_logp, adv_j, jnp.zeros_like(old_logp))
+        step = make_packed_train_step(graphdef, tx, schedule, objective=objective, put=put,
+                                      micro_batches=args.micro_batches)
+        times = []
+        for i in range(args.steps + 1):
+            t0 = time.perf_counter()
+            state, metrics = step(state, batch)
+            jax.block_until_ready((state, metrics))
+            times.append(time.perf_counter() - t0)
+        laid_out = step.packing_stats(batch)["packed_tokens"]
+    seqs = (prompt_len[:, None] + lengths).ravel()
+    flops = train_flops(cfg, n_params, laid_out, seqs)
+    step_s = median(times[1:])
+    return dict(params=n_params, step_s=step_s, first_step_s=times[0], flops=flops, flops_per_s=flops / step_s,
+                sequences=p * g, real_tokens=int(seqs.sum()), laid_out_tokens=int(laid_out),
+                mean_response_length=float(lengths.mean()), grad_norm=float(metrics["grad_norm"]))
+
+
+def phase_decode(args, cfg, mesh, new_tokens: int) -> dict:
+    import jax
+
+    from dapo_jax.parallel.host import to_global
+    from dapo_jax.parallel.mesh import batch_sharding
+    from dapo_jax.sampling import SamplingConfig, make_generate
+
+    graphdef, params, n_params = build(cfg, mesh)
+    p, s = args.decode_prompts, args.prompt_len
+    rng = np.random.default_rng(1)
+    ids = rng.integers(1, cfg.vocab_size, size=(p, s)).astype(np.int32)
+    mask = np.ones_like(ids)
+    config = SamplingConfig(max_new_tokens=new_tokens, temperature=1.0, eos_token_ids=(), pad_token_id=0)
+    generate = make_generate(graphdef, config, args.group)
+    times = []
+    with jax.set_mesh(mesh):
+        ids_j, mask_j = to_global((ids, mask), batch_sharding(mesh))
+        for i in range(2):
+            t0 = time.perf_counter()
+            out = jax.block_until_ready(generate(params, ids_j, mask_j, jax.random.key(i)))
+            times.append(time.perf_counter() - t0)
+    if int(np.asarray(out.lengths).min()) != new_tokens:
+        raise RuntimeError(f"a sequence stopped before {new_tokens} tokens: the figure would not be tokens/s")
+    tokens = p * args.group * new_tokens
+    return dict(params=n_params, new_tokens=new_tokens, sequences=p * args.group, decode_s=times[1],
+                compile_and_first_s=times[0], tokens_per_s=tokens / times[1])
+
+
+def run_phase(args) -> dict:
+    import jax
+
+    from dapo_jax.parallel.mesh import make_mesh
+
+    cfg = model_config(args.quick)
+    mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    dev = jax.devices()[0]
+    on_cpu = dev.platform == "cpu"
+    if args.phase == "train":
+        res = phase_train(args, cfg, mesh)
+        res["matmul_peak_flops_per_s"] = peak = matmul_peak(on_cpu)
+        res["fraction_of_measured_peak"] = res["flops_per_s"] / peak
+        nominal = nominal_peak(dev.device_kind)
+        res["nominal_peak_flops_per_s"] = nominal
+        res["mfu"] = None if nominal is None else res["flops_per_s"] / nominal
+    else:
+        res = phase_decode(args, cfg, mesh, int(args.phase.split("_")[1]))
+    return dict(phase=args.phase, device=dev.device_kind, platform=dev.platform, jax=jax.__version__,
+                quick=args.quick, **res, **peak_memory())
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help="a tiny shape and short lengths (the test; a CPU smoke run)")
+    parser.add_argument("--phases", default=None, help="comma-separated: train,decode_512,decode_4096 (the default)")
+    parser.add_argument("--phase", help=argparse.SUPPRESS)  # a child process: run one phase, print its result
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=8, help="train: prompts per update")
+    parser.add_argument("--group", type=int, default=16, help="G, for the update and for decoding")
+    parser.add_argument("--prompt-len", dest="prompt_len", type=int, default=128)
+    parser.add_argument("--train-new-tokens", dest="train_new_tokens", type=int, default=512)
+    parser.add_argument("--micro-batches", dest="micro_batches", type=int, default=4,
+                        help="train: micro-batches of the update (the 0.5B recipe's 4; chunks of half of one)")
+    parser.add_argument("--decode-prompts", dest="decode_prompts", type=int, default=1)
+    parser.add_argument("--json", help="append each phase's result as a JSON line to this file")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.prompts, args.group, args.prompt_len, args.train_new_tokens, args.steps = 2, 4, 16, 32, 2
+        args.micro_batches = 2
+    if args.phase:
+        emit(run_phase(args))
+        return 0
+    phases = (args.phases or ("train,decode_16,decode_64" if args.quick else "train,decode_512,decode_4096")).split(",")
+    failed = 0
+    for phase in phases:
+        # the child sees this run's own arguments, and the one phase to run
+        res = run_child("benchmarks.device", [*argv, "--phase", phase])
+        if "error" in res:
+            failed += 1
+            print(f"[benchmarks.device] {phase} failed: {res['error'][-2000:]}", flush=True)
+            continue
+        print(format_result(res), flush=True)
+        if args.json:
+            with open(args.json, "a") as f:
+                f.write(json.dumps(res) + "\n")
+    return 1 if failed else 0
+
+
+def format_result(r: dict) -> str:
+    mem = f"peak memory {r['peak_memory_bytes'] / 2**30:.2f} GiB ({r['peak_memory_of']})"
+    head = f"[benchmarks.device] {r['device']} ({r['platform']}, jax {r['jax']}) {r['phase']}:"
+    if r["phase"] == "train":
+        mfu = "n/a (no nominal peak for this device)" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+        return (f"{head} step {r['step_s']:.3f} s ({r['sequences']} sequences, {r['real_tokens']} tokens, "
+                f"{r['laid_out_tokens']} laid out), {r['flops_per_s'] / 1e12:.2f} TFLOP/s, MFU {mfu}, "
+                f"{100 * r['fraction_of_measured_peak']:.1f}% of the measured matmul peak "
+                f"({r['matmul_peak_flops_per_s'] / 1e12:.2f} TFLOP/s); {mem}")
+    return (f"{head} {r['sequences']} sequences x {r['new_tokens']} new tokens in {r['decode_s']:.2f} s: "
+            f"{r['tokens_per_s']:.0f} tokens/s (first call {r['compile_and_first_s']:.1f} s); {mem}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""benchmarks/device.py: the FLOP count against a hand count, the device peak table, and a `--quick` run
+of a train and a decode phase (each in its own process) whose figures agree with their own inputs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from benchmarks import device as bench_device
+
+
+def test_the_model_is_qwen25_05b_shaped():
+    cfg = bench_device.model_config(quick=False)
+    assert (cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers) == (896, 4864, 24)
+    assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.vocab_size) == (14, 2, 64, 151936)
+    assert cfg.tie_word_embeddings and cfg.dtype == "bfloat16" and cfg.param_dtype == "float32"
+    assert cfg.remat == "dots_saveable"
+
+
+def test_train_flops_by_hand():
+    cfg = bench_device.model_config(quick=True)  # hidden 64, 2 layers, 4 heads x 16, vocab 512, tied
+    assert cfg.tie_word_embeddings and cfg.num_attention_heads * cfg.head_dim == 64
+    n_params = 100_000  # tied: the embedding is the LM head's matmul, so every parameter counts
+    # 6 x 100,000 x 30 laid-out tokens + 6 x 2 layers x 64 x (10^2 + 20^2)
+    assert bench_device.train_flops(cfg, n_params, 30, [10, 20]) == 6 * 100_000 * 30 + 6 * 2 * 64 * 500
+    untied = dataclasses.replace(cfg, tie_word_embeddings=False)
+    # untied: the input embedding (vocab x hidden) is a lookup, not a matmul
+    assert bench_device.train_flops(untied, n_params, 30, [10, 20]) == 6 * (100_000 - 512 * 64) * 30 + 6 * 2 * 64 * 500
+
+
+@pytest.mark.parametrize("kind, peak", [("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12),
+                                        ("NVIDIA H200", 989e12), ("NVIDIA A100-SXM4-80GB", 312e12),
+                                        ("TPU v5 lite", 197e12), ("TPU v5p", 459e12), ("cpu", None)])
+def test_nominal_peaks(kind, peak):
+    assert bench_device.nominal_peak(kind) == peak
+
+
+@pytest.mark.slow
+def test_quick_run_reports_consistent_figures(tmp_path, capsys):
+    out = tmp_path / "device.jsonl"
+    assert bench_device.main(["--quick", "--phases", "train,decode_16", "--json", str(out)]) == 0
+    train, decode = [json.loads(line) for line in out.read_text().splitlines()]
+    printed = capsys.readouterr().out
+    assert "train: step" in printed and "decode_16: 4 sequences x 16 new tokens" in printed
+
+    assert train["phase"] == "train" and train["platform"] == "cpu" and train["mfu"] is None
+    assert train["sequences"] == 2 * 4
+    assert 0 < train["laid_out_tokens"] <= train["real_tokens"]  # shared prompts: each laid out once per row
+    assert train["flops_per_s"] == pytest.approx(train["flops"] / train["step_s"])
+    assert train["fraction_of_measured_peak"] == pytest.approx(train["flops_per_s"] / train["matmul_peak_flops_per_s"])
+    assert train["flops"] > 6 * train["params"] * train["laid_out_tokens"]  # plus attention
+    assert train["grad_norm"] > 0 and train["peak_memory_bytes"] > 0 and train["peak_memory_of"] == "host RSS"
+    # by hand: tied 512 x 64 embedding, final norm 64; per layer q 64x64+64, k and v 64x32+32, o 64x64,
+    # gate/up/down 3 x 64x128, two norms of 64
+    per_layer = (64 * 64 + 64) + 2 * (64 * 32 + 32) + 64 * 64 + 3 * 64 * 128 + 2 * 64
+    assert train["params"] == 512 * 64 + 64 + 2 * per_layer == 107_072
+
+    assert decode["phase"] == "decode_16" and decode["new_tokens"] == 16 and decode["sequences"] == 4
+    assert decode["tokens_per_s"] == pytest.approx(4 * 16 / decode["decode_s"])
+    assert decode["params"] == train["params"]
+
+
+def test_a_failing_phase_makes_the_run_fail(capsys):
+    assert bench_device.main(["--quick", "--phases", "decode_x"]) == 1  # not a length: the child fails
+    assert "decode_x failed" in capsys.readouterr().out
