@@ -41,9 +41,10 @@ def forward_flops(m, n: float, *, head: bool = True) -> float:
 
 
 def step_time(cfg: RunConfig, m, *, mesh: dict, chip, devices: int, response_tokens: int | None = None,
-              mfu: float = 1.0) -> dict:
+              mfu: float = 1.0, share_prompts: bool | None = None) -> dict:
     """Seconds per phase and tokens/s per chip, with the assumptions (module docstring). `chip`: a
-    `slices.Chip`, or None (no estimate: the peak and bandwidth are unknown)."""
+    `slices.Chip`, or None (no estimate: the peak and bandwidth are unknown); `share_prompts`: whether the
+    packed update shares a group's prompt (default `optim.packing_share_prompts`; not with splash)."""
     if chip is None:
         return {"note": "no step-time estimate: it needs a TPU slice's bf16 peak and HBM bandwidth (--topology)"}
     r, o = cfg.rollout, cfg.optim
@@ -55,7 +56,7 @@ def step_time(cfg: RunConfig, m, *, mesh: dict, chip, devices: int, response_tok
     objective = cfg.objective_config
 
     if o.packing:
-        share = o.packing_share_prompts
+        share = o.packing_share_prompts if share_prompts is None else share_prompts
         update_flops = p * (g * forward_flops(m, s + tbar) - ((g - 1) * forward_flops(m, s) if share else 0)) * train_k
     else:
         update_flops = p * g * forward_flops(m, s + t) * train_k

@@ -84,7 +84,7 @@ def make_packed_train_step(
         tokens, segs, pos, targets, branches, index, valid, groups = chunk
         model = nnx.merge(graphdef, frozen, params) if frozen is not None else nnx.merge(graphdef, params)
         logp, entropy = packed_logprobs(model, tokens, segs, pos, targets, temperature=temperature,
-                                        branch_ids=branches)
+                                        branch_ids=branches if share_prompts else None)  # splash takes none
         logp = jnp.where(valid, logp.reshape(-1)[index], 0.0)
         entropy = jnp.where(valid, entropy.reshape(-1)[index], 0.0)
         mask = mini.response_mask * groups[:, None, None].astype(mini.response_mask.dtype)

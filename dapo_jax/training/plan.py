@@ -285,7 +285,7 @@ def make_plan(cfg: RunConfig, *, topology: str | None = None, device_memory_gib:
         from dapo_jax.training.estimate import step_time
 
         plan.estimate = step_time(cfg, model_cfg, mesh=dict(mesh.shape), chip=tpu_slice.chip if tpu_slice else None,
-                                  devices=n, **estimate)
+                                  devices=n, share_prompts=full.programs.share_prompts, **estimate)
     return plan
 
 
