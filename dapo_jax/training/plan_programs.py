@@ -135,11 +135,13 @@ class World:
 
     def kv_cache(self) -> int:
         """Bytes per device of the rollout's KV cache: keys and values of every layer for the prompts (once
-        each) and the `G` responses' `T - 1` slots, in the sampler's dtype, rows over the batch devices."""
-        r, m = self.cfg.rollout, self.model_cfg
+        each) and the `G` responses' `T - 1` slots, in the sampler's dtype; rows over the batch devices, KV
+        heads over `tensor` (the k/v projections' columns are split over it)."""
+        r, m, mesh = self.cfg.rollout, self.model_cfg, self.mesh.shape
         slots = r.gen_batch * self.cfg.data.max_prompt_length + r.gen_batch * r.G * max(r.max_new_tokens - 1, 0)
         per_slot = 2 * m.num_hidden_layers * m.num_key_value_heads * m.head_dim * jnp.dtype(self.cfg.sampler_dtype).itemsize
-        return slots * per_slot // (self.mesh.shape["data"] * self.mesh.shape["fsdp"])
+        heads = mesh["tensor"] if m.num_key_value_heads % mesh["tensor"] == 0 else 1
+        return slots * per_slot // (mesh["data"] * mesh["fsdp"] * heads)
 
     # ------------------------------------------------------------------ the programs
     def jobs(self) -> list[Job]:
