@@ -302,15 +302,24 @@ def build_world(cfg: RunConfig, model_cfg, mesh) -> World:
     """The abstract run of `model_cfg` on `mesh`: parameters, optimizer state, reference, critic and programs."""
     from dapo_jax.models.decoder import Decoder
     from dapo_jax.models.generation_config import GenerationConfig
+    from dapo_jax.models.lora import add_lora
     from dapo_jax.training.lora import PolicyWeights
     from dapo_jax.training.loop import sampling_config
     from dapo_jax.training.programs import build_programs, run_optimizer
     from dapo_jax.training.train_step import TrainState
 
     objective = cfg.objective_config
-    model = nnx.eval_shape(lambda: Decoder(model_cfg, rngs=nnx.Rngs(0)))
-    policy, params = PolicyWeights.build(model, cfg.lora, seed=cfg.train.seed)  # LoRA: small real adapters
-    params = place_params(nnx.eval_shape(lambda: params) if cfg.lora else params, mesh)
+    lora = cfg.lora
+
+    def make():  # the model (with its adapters under LoRA) as the trainer builds it, abstract: nothing computed
+        model = Decoder(model_cfg, rngs=nnx.Rngs(0))
+        if lora is not None:
+            add_lora(model, rank=lora.rank, alpha=lora.alpha, targets=tuple(lora.targets), rngs=nnx.Rngs(cfg.train.seed))
+        return model
+
+    model = nnx.eval_shape(make)
+    policy, params = (PolicyWeights.of_adapted(model, lora) if lora is not None else PolicyWeights.build(model, None))
+    params = place_params(params, mesh)
     if policy.frozen is not None:
         policy = dataclasses.replace(policy, frozen=place_params(policy.frozen, mesh))
     tx, schedule = run_optimizer(cfg)

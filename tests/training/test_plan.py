@@ -7,6 +7,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -209,20 +210,19 @@ def test_tiny_model_planned_for_v5e_4_quietly(tmp_path, tiny_hf):
 @needs_libtpu
 @pytest.mark.slow
 def test_a_real_refusal_is_a_verdict_not_a_traceback(monkeypatch, capsys):
-    """An absurd batch on v5e-4: the TPU compiler refuses the log-prob pass; the plan reads its figures and exits 3."""
+    """An absurd batch on v5e-4 (65,536 prompts x 8 samples: a 16 GiB KV cache per device): the TPU compiler
+    refuses the rollout; the plan reads what it required and the chip's HBM from the refusal and exits 3."""
     from dapo_jax import cli
     from dapo_jax.training import plan as plan_mod
 
     real = plan_mod.make_plan
-    monkeypatch.setattr(plan_mod, "make_plan", lambda cfg, **kw: real(cfg, **{**kw, "only": ("prepare",), "cache": False}))
-    code = cli.main(["plan", TINY, "--topology", "v5e-4", "mesh.fsdp=4", "rollout.max_new_tokens=4096",
-                     "rollout.train_batch=64", "rollout.gen_batch=64", "optim.num_minibatches=1", "data.eval=null",
-                     "rollout.recompute_old_logp=true", "--quiet"])
+    monkeypatch.setattr(plan_mod, "make_plan", lambda cfg, **kw: real(cfg, **{**kw, "only": ("rollout",), "cache": False}))
+    code = cli.main(["plan", TINY, "--topology", "v5e-4", "mesh.fsdp=4", "rollout.max_new_tokens=256",
+                     "rollout.gen_batch=65536", "data.eval=null", "--quiet"])
     out = capsys.readouterr().out
     assert code == 3, out
     line = next(x for x in out.splitlines() if "does not fit:" in x)
-    needs, has = (float(v) for v in __import__("re").search(r"needs ([\d.]+) GiB per device, the chip has ([\d.]+) GiB",
-                                                            line).groups())
-    assert line.strip().startswith("log-prob does not fit") and "refused" in line
-    assert has == 15.75 and needs > has
+    needs, has = (float(v) for v in re.search(r"needs ([\d.]+) GiB per device, the chip has ([\d.]+) GiB", line).groups())
+    assert line.strip().startswith("rollout does not fit") and "refused" in line
+    assert has == 15.75 and needs > 16  # at least the KV cache (16 GiB a device), counted from the config
     assert "REFUSED" in out and "Traceback" not in out

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -71,3 +72,26 @@ def test_shard_bytes_divides_by_the_sharding():
     x = jax.ShapeDtypeStruct((64, 32), jnp.bfloat16, sharding=NamedSharding(mesh, PartitionSpec("a", "b")))
     y = jax.ShapeDtypeStruct((64,), jnp.float32, sharding=NamedSharding(mesh, PartitionSpec()))
     assert shard_bytes([x, y]) == 64 * 32 * 2 // 8 + 64 * 4
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
+def test_extrapolation_matches_a_full_compile_within_2_percent(tmp_path):
+    """An 8-layer model whose update and log-prob pass scan their layers (remat: full), on v5e-4: compiled at 2 and 3
+    layers and extrapolated, against all 8 layers compiled."""
+    from dapo_jax.training.config import load_config
+    from dapo_jax.training.plan import make_plan
+
+    hf = json.loads(Path("dapo_jax/assets/tiny_base/config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**hf, "num_hidden_layers": 8}))
+    cfg = load_config("tiny_dapo", ["model.remat=full", "mesh.fsdp=4", "data.eval=null",
+                                    "rollout.recompute_old_logp=true"])
+    kw = dict(topology="v5e-4", model_config=tmp_path, only=("prepare", "update"), cache=False)
+    line, whole = make_plan(cfg, **kw), make_plan(cfg, exact=True, **kw)
+    assert [p.layers for p in line.programs] == [(2, 3), (2, 3)] and [p.layers for p in whole.programs] == [(8,), (8,)]
+    for a, b in zip(line.programs, whole.programs):
+        assert a.name == b.name
+        assert a.figures.added == pytest.approx(b.figures.added, rel=0.02), a.name
+        assert a.figures.temporaries == pytest.approx(b.figures.temporaries, rel=0.02), a.name
+    for a, b in zip(line.phases, whole.phases):
+        assert a.total == pytest.approx(b.total, rel=0.02), a.name
