@@ -199,8 +199,21 @@ def _prepare_plan(args) -> None:
         set_cpu_devices(args.cpu_devices)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Overrides may follow options (`dapo-jax plan CONFIG --topology v5p-64 mesh.fsdp=32`): what argparse
+    leaves over after the options, when it is `key=value` words, joins the command's config overrides."""
+
+    def parse_args(self, args=None, namespace=None):
+        ns, extra = self.parse_known_args(args, namespace)
+        if extra:
+            if getattr(ns, "items", None) is None or any("=" not in x or x.startswith("-") for x in extra):
+                self.error(f"unrecognized arguments: {' '.join(extra)}")
+            ns.items = [*ns.items, *extra]
+        return ns
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dapo-jax", description="DAPO / GRPO-family RL post-training in JAX.")
+    parser = _Parser(prog="dapo-jax", description="DAPO / GRPO-family RL post-training in JAX.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("train", help="train (or resume) a run")
     p.add_argument("items", nargs="*", metavar="[CONFIG.yaml] key.sub=value",
@@ -297,12 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     starved, or `plan`: the run does not fit; 4 non-finite updates kept coming; 143 stopped by SIGTERM after saving a checkpoint."""
     from dapo_jax.training.guards import RunStopped
 
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra:  # `dapo-jax plan CONFIG --topology v5p-64 mesh.fsdp=32`: the overrides after an option
-        if getattr(args, "items", None) is None or any("=" not in x or x.startswith("-") for x in extra):
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        args.items = [*args.items, *extra]
+    args = build_parser().parse_args(argv)
     if args.command in ("train", "eval"):  # a rerun or resume reads its compiled programs back (compile_cache.py)
         from dapo_jax.compile_cache import enable_compilation_cache
 

@@ -37,8 +37,7 @@ from dapo_jax.training.config import ConfigError, RunConfig, resolve_path
 from dapo_jax.training.plan_compile import GiB, Figures, cache_dir, extrapolate, lower_for, package_versions
 
 EXTRAPOLATE_FROM = (2, 3)  # layers compiled when extrapolating (a scan needs 2 or more)
-UNROLLED = ("rollout", "eval rollout")  # phases whose programs unroll the layers (the sampler's KV-cache loop)
-SMALL = 256 * 2**20  # temporaries below this may sit in a TPU's on-chip VMEM, which memory_analysis leaves out
+SMALL = 512 * 2**20  # a TPU program with fewer temporaries may keep some in on-chip VMEM: compiled whole
 
 
 @dataclasses.dataclass
@@ -248,9 +247,10 @@ def make_plan(cfg: RunConfig, *, topology: str | None = None, device_memory_gib:
         with ThreadPoolExecutor(max(1, jobs)) as pool:
             for name, count, result in pool.map(run, pending):
                 measured.setdefault(name, {})[count] = result
-            # a small unrolled program (the sampler's) may keep its buffers in the TPU's on-chip VMEM at 2 or 3
-            # layers, which memory_analysis does not count, and not at the full depth: compile those whole
-            small = {name for name, by in measured.items() if jobs_of[name].phase in UNROLLED and len(compile_at) > 1
+            # a small program may keep buffers in the TPU's on-chip VMEM (128 MiB on v5e) at 2 or 3 layers, which
+            # memory_analysis does not count, and not at the full depth, so its figures do not follow the line:
+            # compile those whole (small programs compile quickly)
+            small = {name for name, by in measured.items() if len(compile_at) > 1 and not by[compile_at[-1]][0].refused
                      and by[compile_at[-1]][0].temporaries < SMALL and mesh.devices.flat[0].platform == "tpu"}
             again = [j for j in full.jobs() if j.name in small] if small else []
             pending = [(j.name, layers, lower_for(j.lower, target=key, args=(j.args, j.kwargs), resident=j.resident,
@@ -278,9 +278,9 @@ def make_plan(cfg: RunConfig, *, topology: str | None = None, device_memory_gib:
                 phases(programs, sum(resident.values()), overlap=cfg.rollout.overlap, params_copy=params_copy),
                 capacity, capacity_source, versions, slice_name=tpu_slice.name if tpu_slice else None)
     if len(compile_at) > 1:
-        plan.notes.append(f"compiled at {compile_at[0]} and {compile_at[1]} layers and extrapolated to {layers} "
-                          f"(exact for the scanned trunk of the update, log-prob and critic programs; the rollout's "
-                          f"unrolled layers follow the same line closely); --exact compiles all {layers}")
+        plan.notes.append(f"programs compiled at {compile_at[0]} and {compile_at[1]} layers are extrapolated to {layers} "
+                          f"(the layers' buffers grow by the same bytes per layer); on a TPU, those with under "
+                          f"{SMALL >> 20} MiB of temporaries are compiled whole; --exact compiles all {layers} layers")
     if estimate is not None:
         from dapo_jax.training.estimate import step_time
 
