@@ -6,7 +6,7 @@
     dapo-jax export CHECKPOINT OUT_DIR [--peft]         # Hugging Face model + tokenizer (--peft: LoRA adapter)
     dapo-jax show RUN_DIR [STEP]                        # the logged rollouts: prompts, responses, rewards
     dapo-jax plot RUN_DIR                               # PNG curves into RUN_DIR/plots
-    dapo-jax plan [CONFIG.yaml] [key.sub=value ...]    # per-device memory from the compiled programs; nothing runs
+    dapo-jax plan [CONFIG.yaml] [key=value ...] [--topology v5p-64]  # will it fit? exit 0 yes, 3 no
 """
 
 from __future__ import annotations
@@ -145,21 +145,75 @@ def cmd_plot(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    """Exit 0, or 5 with --strict when the plan does not fit the device's memory."""
-    from dapo_jax.training.plan import format_plan, make_plan, plan_dict, set_cpu_devices
+    """Exit 0 when the run fits, 3 when a phase does not (dapo_jax/training/plan.py)."""
+    from dapo_jax.training.plan_compile import PlanCompileError
 
     config, overrides = _split_config_and_overrides(args.items)
     cfg = load_config(_resolve_config(config) or MAIN_JOB, overrides)  # a bad key fails here, before compiling
+    log = (lambda msg: None) if args.quiet else (lambda msg: print(f"[dapo-jax plan] {msg}", file=sys.stderr, flush=True))
+    options = dict(device_memory_gib=args.device_memory, model_config=args.model_config, exact=args.exact, log=log,
+                   cache=not args.no_cache, estimate={"response_tokens": args.response_tokens, "mfu": args.mfu})
+    try:
+        if args.search:
+            from dapo_jax.training.plan_search import format_search, search, search_dict
+
+            result = search(cfg, args.topology, **options)
+            text, data, fits = format_search(result), search_dict(result), result.best is not None
+        else:
+            from dapo_jax.training.plan import make_plan
+            from dapo_jax.training.plan_report import format_plan, plan_dict
+
+            plan = make_plan(cfg, topology=args.topology, **options)
+            text, data, fits = format_plan(plan, title=config or str(MAIN_JOB)), plan_dict(plan), plan.fits
+    except PlanCompileError as e:
+        print(f"dapo-jax: the compiler failed: {e}", file=sys.stderr)
+        return 1
+    if args.json == "-":
+        print(json.dumps(data, indent=1))
+    else:
+        print(text)
+        if args.json:
+            Path(args.json).write_text(json.dumps(data, indent=1))
+            print(f"wrote {args.json}")
+    return 0 if fits else 3
+
+
+def _prepare_plan(args) -> None:
+    """Before JAX starts: a TPU target needs no TPU here (quiet libtpu, CPU backends); `--cpu-devices`."""
+    from dapo_jax.training.plan import set_cpu_devices
+    from dapo_jax.training.slices import parse_family, parse_slice, quiet_tpu_environment
+
+    quiet_tpu_environment()
+    if args.topology is not None:
+        family = parse_family(args.topology)
+        if family is not None:
+            args.search = True
+        elif args.search:
+            raise ConfigError(f"--search takes a TPU family (--topology {args.topology.split('-')[0]}), "
+                              f"got the slice {args.topology}")
+        else:
+            parse_slice(args.topology)  # an unknown name: one line listing the valid ones, before JAX starts
+    elif args.search:
+        raise ConfigError("--search needs a TPU family: --topology v5p (or v4, v5e, v6e, tpu7x)")
     if args.cpu_devices:
         set_cpu_devices(args.cpu_devices)
-    plan = make_plan(cfg, device_memory_gib=args.device_memory, topology=args.topology,
-                     log=lambda msg: print(f"[dapo-jax plan] {msg}", file=sys.stderr, flush=True))
-    print(json.dumps(plan_dict(plan)) if args.json else format_plan(plan))
-    return 5 if args.strict and not plan.fits else 0
+
+
+class _Parser(argparse.ArgumentParser):
+    """Overrides may follow options (`dapo-jax plan CONFIG --topology v5p-64 mesh.fsdp=32`): what argparse
+    leaves over after the options, when it is `key=value` words, joins the command's config overrides."""
+
+    def parse_args(self, args=None, namespace=None):
+        ns, extra = self.parse_known_args(args, namespace)
+        if extra:
+            if getattr(ns, "items", None) is None or any("=" not in x or x.startswith("-") for x in extra):
+                self.error(f"unrecognized arguments: {' '.join(extra)}")
+            ns.items = [*ns.items, *extra]
+        return ns
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dapo-jax", description="DAPO / GRPO-family RL post-training in JAX.")
+    parser = _Parser(prog="dapo-jax", description="DAPO / GRPO-family RL post-training in JAX.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("train", help="train (or resume) a run")
     p.add_argument("items", nargs="*", metavar="[CONFIG.yaml] key.sub=value",
@@ -211,14 +265,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir")
     p.add_argument("--out", default=None, help="output folder (default RUN_DIR/plots)")
     p.set_defaults(fn=cmd_plot)
-    p = sub.add_parser("plan", help="per-device memory of a run from its ahead-of-time compiled programs (no weights)")
+    p = sub.add_parser("plan", help="will it fit? per-device memory of each phase from the run's compiled programs",
+                       description="Compiles the run's programs ahead of time (no weights, nothing runs) for this "
+                       "machine or a TPU slice by name, and prints per-device memory by phase against the chip's. "
+                       "Exit 0: it fits; 3: a phase does not; 2: a user error. Options and overrides in any order.")
     p.add_argument("items", nargs="*", metavar="[CONFIG.yaml] key.sub=value")
+    p.add_argument("--topology", metavar="SLICE", help="a TPU slice (v4-8, v5e-4 .. v5e-256, v5litepod-N, v5p-8 .. "
+                   "v5p-6144, v6e-N, tpu7x-N; 2xv5p-64 = two slices), or a family (v5p) to search its sizes; "
+                   "needs libtpu: pip install 'dapo_jax[tpu]'")
+    p.add_argument("--search", action="store_true", help="the smallest slice of the --topology family that fits, "
+                   "over its sizes and the data x fsdp x tensor meshes that divide the batch and the heads")
+    p.add_argument("--model-config", dest="model_config", metavar="config.json",
+                   help="the model's shapes (default: model.path's config.json, else the published shape its name names)")
+    p.add_argument("--exact", action="store_true", help="compile every layer (default: a model of more than 3 layers "
+                   "is compiled at 2 and 3 and extrapolated per layer)")
     p.add_argument("--device-memory", dest="device_memory", type=float, metavar="GiB",
-                   help="memory per device (default: the device's memory_stats(); on CPU the host RAM / devices)")
-    p.add_argument("--strict", action="store_true", help="exit 5 when the plan does not fit")
+                   help="memory per device (default: the slice's usable HBM; the device's memory_stats(); on CPU the "
+                   "host RAM / devices)")
     p.add_argument("--cpu-devices", dest="cpu_devices", type=int, metavar="N", help="N virtual CPU devices for the mesh")
-    p.add_argument("--topology", help="compile for a TPU topology without the hardware, e.g. v5e:2x2 (needs libtpu)")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON (bytes)")
+    p.add_argument("--response-tokens", dest="response_tokens", type=int, metavar="T",
+                   help="mean response length for the step-time estimate (default: rollout.max_new_tokens)")
+    p.add_argument("--mfu", type=float, default=1.0, help="the fraction of the bf16 peak the estimate assumes (default 1.0)")
+    p.add_argument("--json", nargs="?", const="-", metavar="FILE", help="write the plan as JSON (bytes) to FILE; "
+                   "alone: print JSON instead of the table")
+    p.add_argument("--no-cache", dest="no_cache", action="store_true", help="compile again what an earlier plan compiled")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(fn=cmd_plan)
     return parser
 
@@ -236,7 +307,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 def main(argv: list[str] | None = None) -> int:
     """Exit codes: 0 done; 2 a user error (one line naming the key, file or row); 3 dynamic sampling
-    starved; 4 non-finite updates kept coming; 5 `plan --strict` does not fit; 143 stopped by SIGTERM after saving a checkpoint."""
+    starved, or `plan`: the run does not fit; 4 non-finite updates kept coming; 143 stopped by SIGTERM after saving a checkpoint."""
     from dapo_jax.training.guards import RunStopped
 
     args = build_parser().parse_args(argv)
@@ -245,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
 
         enable_compilation_cache()
     try:
+        if args.command == "plan":
+            _prepare_plan(args)
         return args.fn(args)
     except StarvationError as e:
         print(f"dapo-jax: {e}", file=sys.stderr)

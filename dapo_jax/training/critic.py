@@ -128,17 +128,22 @@ class Critic:
         AdamW by the `critic` section (cosine horizon: train steps + pre-training steps)."""
         from dapo_jax.training.config import resolve_path
 
-        objective, optim = cfg.objective_config, cfg.critic_optim
-        model = load_value_model(resolve_path(optim.path or cfg.model.path), mesh=mesh, seed=cfg.train.seed,
+        model = load_value_model(resolve_path(cfg.critic_optim.path or cfg.model.path), mesh=mesh, seed=cfg.train.seed,
                                  param_dtype=cfg.model.param_dtype, dtype=cfg.model.dtype, remat=cfg.model.remat,
                                  attention=cfg.model.attention)
         graphdef, params = nnx.split(model)
+        return cls.from_split(cfg, graphdef, params)
+
+    @classmethod
+    def from_split(cls, cfg, graphdef, params, *, init: Callable = init_train_state) -> "Critic":
+        """The critic of the value model `nnx.merge(graphdef, params)`; `init(params, tx)` makes its first
+        state (`dapo-jax plan` passes abstract parameters and an abstract `init`)."""
+        objective, optim = cfg.objective_config, cfg.critic_optim
         updates = (cfg.train.steps + objective.value_pretrain_steps) * optim.num_minibatches
         tx, schedule = make_optimizer(optim, decay_steps=updates)
         update = make_critic_step(graphdef, tx, schedule, clip_eps=objective.value_clip,
                                   num_minibatches=optim.num_minibatches, micro_batches=optim.micro_batches)
-        return cls(objective, graphdef, init_train_state(params, tx), update, cfg.optim.num_minibatches,
-                   cfg.optim.micro_batches)
+        return cls(objective, graphdef, init(params, tx), update, cfg.optim.num_minibatches, cfg.optim.micro_batches)
 
     def prepare(self, critic_params, batch: Batch, rewards, valid, correct, kl=None, *, objective=None):
         """`(policy Batch with GAE advantages and NLL weights, CriticBatch)`; jit-able.

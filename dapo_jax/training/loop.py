@@ -36,12 +36,12 @@ from dapo_jax.training.guards import NonFiniteMonitor, Preempted, Preemption
 from dapo_jax.training.loggers import make_loggers
 from dapo_jax.training.lora import PolicyWeights
 from dapo_jax.training.metrics import MetricsWriter, compile_count
-from dapo_jax.training.packed_step import make_packed_train_step
 from dapo_jax.training.overlap import Prefetched, Prefetcher, pack, unpack
 from dapo_jax.training.rollout import Groups, StreamedRounds, collect_groups
 from dapo_jax.training.rollout_log import RolloutLog
 from dapo_jax.training.run_dir import RunDir
-from dapo_jax.training.train_step import Batch, TrainState, init_train_state, make_logprob_fn, make_optimizer, make_train_step
+from dapo_jax.training.programs import attention_report, build_programs, run_optimizer
+from dapo_jax.training.train_step import TrainState, init_train_state, make_optimizer
 
 
 def build_mesh(cfg: RunConfig):
@@ -57,32 +57,6 @@ def build_mesh(cfg: RunConfig):
         print(f"[dapo-jax] warning: the mesh (data={cfg.mesh.data}, fsdp={cfg.mesh.fsdp}, tensor={cfg.mesh.tensor}) "
               f"uses {n} of the {len(devices)} visible devices; the other {len(devices) - n} stay idle", flush=True)
     return make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices=devices[:n])
-
-
-def attention_lengths(cfg: RunConfig) -> dict[str, int]:
-    """Each cache-free program's tokens per row: the update and log-prob passes (prompt + response, or a
-    packed row of that length), the sampler's prefill (the prompt)."""
-    rows = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens  # packed rows are as long (packed_step.py)
-    return {"update": rows, "log-probs": rows, "prefill": cfg.data.max_prompt_length}
-
-
-def attention_report(cfg: RunConfig, mesh) -> str:
-    """Which attention implementation each program uses (a ConfigError when model.attention cannot run here)."""
-    from dapo_jax.models.attention import AttentionUnavailable, describe
-
-    try:
-        return describe(cfg.model.attention, mesh.devices.flat[0].platform, attention_lengths(cfg))
-    except AttentionUnavailable as e:
-        raise ConfigError(str(e)) from None
-
-
-def update_shares_prompts(cfg: RunConfig, mesh) -> bool:
-    """Whether the packed update's attention can share a group's prompt (branch ids): splash and gpu_flash
-    cannot, and the update then packs each response with its own copy of the prompt (same result)."""
-    from dapo_jax.models.attention import resolve, supports_branches
-
-    impl = resolve(cfg.model.attention, platform=mesh.devices.flat[0].platform, seq_len=attention_lengths(cfg)["update"])
-    return supports_branches(impl)
 
 
 def _model_path(cfg: RunConfig):
@@ -133,16 +107,6 @@ def sampling_config(cfg: RunConfig, tokenizer, model_cfg, *, eval_mode: bool = F
     )
 
 
-def _sampler_graphdef(cfg: RunConfig, graphdef, model_cfg):
-    """The model run in `rollout.sampler_dtype` (same parameters, another compute dtype), or `graphdef`."""
-    if cfg.sampler_dtype == model_cfg.dtype:
-        return graphdef
-    from dapo_jax.models.decoder import Decoder
-
-    sampler_cfg = model_cfg.replace(dtype=cfg.sampler_dtype)
-    return nnx.split(nnx.eval_shape(lambda: Decoder(sampler_cfg, rngs=nnx.Rngs(0))))[0]
-
-
 @dataclasses.dataclass
 class _Run:
     """What the loop threads through the steps, besides the jitted state."""
@@ -167,18 +131,16 @@ def train(cfg: RunConfig) -> dict:
     """
     from tqdm.auto import tqdm
 
-    from dapo_jax.objectives.loss import compute_advantages, dynamic_sampling_keep, shape_rewards, token_kl
+    from dapo_jax.objectives.loss import dynamic_sampling_keep, shape_rewards
     from dapo_jax.objectives.process import StepRewards
     from dapo_jax.rewards.steps import make_step_scorer
-    from dapo_jax.parallel.mesh import batch_divisor, batch_sharding
+    from dapo_jax.parallel.mesh import batch_sharding
     from dapo_jax.parallel.process_data import ProcessShare, start_processes
-    from dapo_jax.sampling.continuous import ContinuousSampler, default_refill
-    from dapo_jax.sampling.sampler import make_generate
 
     run_dir = RunDir(cfg)
     objective = cfg.objective_config
     group_filter = GroupFilter(objective, group_size=cfg.rollout.G) if objective.gfpo else None
-    r, o = cfg.rollout, cfg.optim
+    r = cfg.rollout
     start_processes(cfg.mesh.distributed)  # a multi-process run: before any other JAX call
     main = jax.process_index() == 0  # only process 0 prints and writes logs
     say = print if main else (lambda *a, **k: None)
@@ -198,56 +160,20 @@ def train(cfg: RunConfig) -> dict:
         run_dir.check_same_config()
         model = load_model(cfg, mesh, tokenizer)
         policy, params = PolicyWeights.build(model, cfg.lora, seed=cfg.train.seed, mesh=mesh)  # LoRA: adapters only
-        graphdef, model_cfg = policy.graphdef, model.config
+        model_cfg = model.config
         ref_params = policy.reference(params) if objective.needs_reference else None
-        tx, schedule = make_optimizer(o, decay_steps=cfg.train.steps * o.num_minibatches)
+        tx, schedule = run_optimizer(cfg)
         state = init_train_state(params, tx)
         del model, params
-        scfg = sampling_config(cfg, tokenizer, model_cfg)
-        sampler_graphdef = _sampler_graphdef(cfg, policy.sampler_graphdef, model_cfg)
-        generate = make_generate(sampler_graphdef, scfg, r.G)
-        continuous = None if not r.continuous else ContinuousSampler(  # sampling/continuous.py
-            sampler_graphdef, scfg, num_samples=r.G, slots=r.gen_batch,
-            refill=r.continuous_refill or default_refill(r.gen_batch), prompt_width=max(stream.buckets))
-        generate_eval = make_generate(policy.sampler_graphdef, sampling_config(cfg, tokenizer, model_cfg, eval_mode=True),
-                                      cfg.train.eval_k)
-        logprob_fn = make_logprob_fn(graphdef, temperature=scfg.logprob_temperature)
-        say(f"[dapo-jax] {attention_report(cfg, mesh)}", flush=True)
-        packed = {} if not o.packing else {  # the padding-free update (training/packed_step.py)
-            "chunk_rows": o.packing_rows, "tail_rows": o.packing_tail_rows,
-            "share_prompts": o.packing_share_prompts and update_shares_prompts(cfg, mesh),
-            "row_multiple": batch_divisor(mesh),
-            "put": lambda x: to_global(x, batch_sharding(mesh))}
-        train_step = (make_packed_train_step if o.packing else make_train_step)(
-            graphdef, tx, schedule, objective=objective, num_minibatches=o.num_minibatches,
-            micro_batches=o.micro_batches, temperature=scfg.logprob_temperature,
-            use_ref=objective.needs_reference and objective.kl_in == "loss", **packed,
-        )
         critic = Critic.build(cfg, mesh) if objective.uses_critic else None  # PPO / VAPO's value model
-
-        recompute_old_logp = cfg.recompute_old_logp  # follows precision unless set (RunConfig.recompute_old_logp)
-
-        @jax.jit
-        def prepare(params, ref_params, prompt_ids, prompt_mask, response_ids, response_mask, old_logp,
-                    rewards, valid, steps=None, critic_params=None, correct=None):
-            """Reference / recomputed old log-probs and the advantages: [P, G, T] device tensors (from
-            the step rewards `steps` instead of `rewards` when given: process supervision), and the
-            critic's batch (None without a critic)."""
-            behaviour_logp = old_logp  # log μ: the sampler's own log-probs
-            if recompute_old_logp:
-                old_logp, _ = logprob_fn(params, prompt_ids, prompt_mask, response_ids, response_mask)
-            ref_logp = jnp.zeros_like(old_logp)
-            kl = None
-            if ref_params is not None:
-                ref_logp, _ = logprob_fn(ref_params, prompt_ids, prompt_mask, response_ids, response_mask)
-                kl = token_kl(objective, old_logp, ref_logp)
-            batch = Batch(prompt_ids, prompt_mask, response_ids, response_mask.astype(jnp.float32),
-                          old_logp, None, ref_logp, behaviour_logp if objective.needs_behaviour_logp else None)
-            if critic is not None:  # GAE on the critic's values, VAPO's NLL weights (training/critic.py)
-                return critic.prepare(critic_params, batch, rewards, valid, correct, kl)
-            adv = compute_advantages(objective, rewards if steps is None else steps, response_mask, kl, valid=valid)
-            adv = jnp.broadcast_to(adv[..., None] if adv.ndim == 2 else adv, response_mask.shape) * response_mask
-            return batch._replace(advantages=adv), None
+        # every jitted program of the run, built where `dapo-jax plan` builds them (training/programs.py)
+        programs = build_programs(cfg, policy=policy, model_cfg=model_cfg, mesh=mesh, tx=tx, schedule=schedule,
+                                  scfg=sampling_config(cfg, tokenizer, model_cfg),
+                                  eval_scfg=sampling_config(cfg, tokenizer, model_cfg, eval_mode=True),
+                                  critic=critic, prompt_width=max(stream.buckets))
+        generate, continuous, generate_eval = programs.generate, programs.continuous, programs.generate_eval
+        train_step, prepare = programs.train_step, programs.prepare
+        say(f"[dapo-jax] {attention_report(cfg, mesh)}", flush=True)
 
         ckpt = Checkpointer(run_dir.path / "checkpoints", keep=cfg.train.keep_checkpoints)
         cleanup.callback(ckpt.close)  # however the run ends, a started save completes

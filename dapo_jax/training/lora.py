@@ -59,6 +59,12 @@ class PolicyWeights:
             return cls(graphdef, graphdef), params
         add_lora(model, rank=lora.rank, alpha=lora.alpha, targets=tuple(lora.targets), rngs=nnx.Rngs(seed),
                  mesh=mesh)
+        return cls.of_adapted(model, lora)
+
+    @classmethod
+    def of_adapted(cls, model, lora) -> tuple["PolicyWeights", Any]:
+        """`(policy, adapters)` of a model that already carries its adapters (`dapo-jax plan` adds them to an
+        abstract model, inside `nnx.eval_shape`, so that nothing is computed)."""
         graphdef, adapters, base = nnx.split(model, nnx.LoRAParam, ...)
         return cls(graphdef, plain_graphdef(model.config), base, lora.alpha / lora.rank), adapters
 

@@ -84,7 +84,7 @@ def make_packed_train_step(
         tokens, segs, pos, targets, branches, index, valid, groups = chunk
         model = nnx.merge(graphdef, frozen, params) if frozen is not None else nnx.merge(graphdef, params)
         logp, entropy = packed_logprobs(model, tokens, segs, pos, targets, temperature=temperature,
-                                        branch_ids=branches)
+                                        branch_ids=branches if share_prompts else None)  # splash takes none
         logp = jnp.where(valid, logp.reshape(-1)[index], 0.0)
         entropy = jnp.where(valid, entropy.reshape(-1)[index], 0.0)
         mask = mini.response_mask * groups[:, None, None].astype(mini.response_mask.dtype)
@@ -149,6 +149,8 @@ def make_packed_train_step(
 
             layout = (jax.tree.map(lambda x: x.sharding, params), rep, rep, rep, rep)
             zeros.append(jax.jit(build, out_shardings=layout))
+        if isinstance(jax.tree.leaves(params)[0], jax.ShapeDtypeStruct):  # `dapo-jax plan`: its shape and layout
+            return jax.eval_shape(zeros[0], params)
         return zeros[0](params)
 
     select = jax.jit(lambda batch, idx: jax.tree.map(lambda x: jnp.take(x, idx, axis=0), batch))
@@ -195,6 +197,11 @@ def make_packed_train_step(
     first_call = True
     step.packing_stats = lambda batch: packing_stats(batch, num_minibatches, micro_batches, chunk_rows, row_length,
                                                      row_multiple, tail_rows, share_prompts)
+    # what `dapo-jax plan` compiles (training/plan.py): the jitted programs a step runs, and its chunk shapes
+    step.programs = {"select": select, "start": start, "zero_acc": zero_acc, "accumulate": accumulate, "apply": apply,
+                     "finish": finish}
+    step.chunk_shape = lambda prompt_len, response_shape: _chunk_shape(
+        prompt_len, response_shape, num_minibatches * micro_batches, chunk_rows, tail_rows, row_length, row_multiple)
     return step
 
 

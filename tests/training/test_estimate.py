@@ -1,0 +1,59 @@
+"""The step-time ESTIMATE (training/estimate.py) against FLOPs and bytes counted by hand for the tiny model."""
+
+import pytest
+
+from dapo_jax.training.config import load_config
+from dapo_jax.training.estimate import forward_flops, matmul_params, step_time
+from dapo_jax.training.slices import CHIPS
+
+TINY = "configs/tiny_dapo.yaml"
+MESH = {"data": 1, "fsdp": 4, "tensor": 1}
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    from dapo_jax.models.config import ModelConfig
+
+    return ModelConfig.from_pretrained("dapo_jax/assets/tiny_base")  # d 64, I 192, L 2, H 4, H_kv 2, D 16, V 99
+
+
+def test_flops_by_hand(tiny_model):
+    per_layer = 64 * 4 * 16 + 2 * 64 * 2 * 16 + 4 * 16 * 64 + 3 * 64 * 192  # q, k+v, o, gate+up+down
+    assert matmul_params(tiny_model) == 2 * per_layer + 64 * 99  # + the (tied) output embedding
+    n = 14
+    assert forward_flops(tiny_model, n) == 2 * (2 * per_layer + 64 * 99) * n + 2 * 2 * 4 * 16 * n * n
+
+
+def test_update_and_logprob_seconds_are_flops_over_the_peak(tiny_model):
+    cfg = load_config(TINY, ["rollout.recompute_old_logp=true"])
+    est = step_time(cfg, tiny_model, mesh=MESH, chip=CHIPS["v5e"], devices=4)
+    p, g, s, t = 16, 8, 8, 6
+    peak = 197e12 * 4
+    assert est["flops"]["update"] == pytest.approx(p * g * forward_flops(tiny_model, s + t) * 3)
+    assert est["seconds"]["update"] == pytest.approx(est["flops"]["update"] / peak)
+    assert est["seconds"]["log-prob"] == pytest.approx(p * g * forward_flops(tiny_model, s + t) / peak)  # one pass
+    assert est["tokens_per_s_per_chip"] == pytest.approx(p * g * (s + t) / est["step_s"] / 4)
+    half = step_time(cfg, tiny_model, mesh=MESH, chip=CHIPS["v5e"], devices=4, mfu=0.5)
+    assert half["seconds"]["update"] == pytest.approx(2 * est["seconds"]["update"])
+    assert any("ESTIMATE" not in a and "peak" in a for a in est["assumptions"])
+
+
+def test_remat_and_packing_change_the_count(tiny_model):
+    cfg = load_config(TINY)
+    base = step_time(cfg, tiny_model, mesh=MESH, chip=CHIPS["v5p"], devices=4)["flops"]["update"]
+    full = step_time(cfg, tiny_model.replace(remat="full"), mesh=MESH, chip=CHIPS["v5p"], devices=4)["flops"]["update"]
+    assert full == pytest.approx(base * 4 / 3)  # the forward again
+    packed = step_time(load_config(TINY, ["optim.packing=true"]), tiny_model, mesh=MESH, chip=CHIPS["v5p"], devices=4,
+                       response_tokens=3)["flops"]["update"]
+    # each group's prompt once, each of its G responses 3 tokens after it
+    p, g, s = 16, 8, 8
+    assert packed == pytest.approx(p * (g * forward_flops(tiny_model, s + 3) - (g - 1) * forward_flops(tiny_model, s)) * 3)
+
+
+def test_decode_is_bandwidth_bound_until_the_batch_is_large(tiny_model):
+    small = step_time(load_config(TINY), tiny_model, mesh=MESH, chip=CHIPS["v5e"], devices=4)
+    assert small["decode_bound"] == "HBM bandwidth"
+    big = step_time(load_config(TINY, ["rollout.gen_batch=262144", "rollout.max_gen_batches=1"]), tiny_model.replace(
+        vocab_size=200_000), mesh={"data": 1, "fsdp": 1, "tensor": 1}, chip=CHIPS["v5e"], devices=1)
+    assert big["decode_bound"] == "compute"
+    assert step_time(load_config(TINY), tiny_model, mesh=MESH, chip=None, devices=4).get("seconds") is None
