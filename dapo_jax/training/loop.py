@@ -32,7 +32,7 @@ from dapo_jax.training.config import ConfigError, RunConfig, resolve_path
 from dapo_jax.training.critic import Critic
 from dapo_jax.training.evaluate import eval_key, evaluate
 from dapo_jax.training.group_filter import GroupFilter, selection_stats
-from dapo_jax.training.guards import NonFiniteMonitor, Preempted, Preemption
+from dapo_jax.training.guards import NonFiniteMonitor, Preemption, StepBoundary
 from dapo_jax.training.loggers import make_loggers
 from dapo_jax.training.lora import PolicyWeights
 from dapo_jax.training.metrics import MetricsWriter, compile_count
@@ -167,7 +167,7 @@ def train(cfg: RunConfig) -> dict:
                       f"data.max_prompt_length={cfg.data.max_prompt_length} tokens and are dropped", RuntimeWarning)
     mesh = build_mesh(cfg)
     share = ProcessShare(mesh)  # this process's rows of each generation batch (parallel/process_data.py)
-    with run_dir, Preemption() as preemption, jax.set_mesh(mesh), contextlib.ExitStack() as cleanup:
+    with run_dir, Preemption(exit_until_armed=True) as preemption, jax.set_mesh(mesh), contextlib.ExitStack() as cleanup:
         run_dir.check_same_config()
         model = load_model(cfg, mesh, tokenizer)
         policy, params = PolicyWeights.build(model, cfg.lora, seed=cfg.train.seed, mesh=mesh)  # LoRA: adapters only
@@ -220,8 +220,9 @@ def train(cfg: RunConfig) -> dict:
             adv = jnp.broadcast_to(adv[..., None] if adv.ndim == 2 else adv, response_mask.shape) * response_mask
             return batch._replace(advantages=adv), None
 
-        ckpt = Checkpointer(run_dir.path / "checkpoints", keep=cfg.train.keep_checkpoints)
-        cleanup.callback(ckpt.close)  # however the run ends, a started save completes
+        # however the run ends, a started save completes (unless it failed or a peer process is gone)
+        ckpt = cleanup.enter_context(Checkpointer(run_dir.path / "checkpoints", keep=cfg.train.keep_checkpoints))
+        boundary = StepBoundary(preemption, ckpt)  # SIGTERM and failed saves, agreed by all processes (guards.py)
         state, run = _restore(cfg, ckpt, state, stream, say, critic.init_state if critic is not None else None)
         if group_filter is not None:
             group_filter.load_state_dict(run.group_filter)
@@ -359,10 +360,9 @@ def train(cfg: RunConfig) -> dict:
             bar.set_postfix(reward=f"{stats.get('reward_mean', 0):.2f}", acc=f"{stats.get('accuracy', 0):.2f}",
                             kept=f"{stats.get('kept_fraction', 0):.2f}", ent=f"{float(m.get('entropy', 0)):.2f}")
             monitor.update(step, float(m.get("nonfinite_updates", 0.0)))
-            if preemption.requested:
+            if boundary.should_stop(step):
                 _save(ckpt, state, run, stream, prefetch)
-                raise Preempted(f"SIGTERM at step {step}: checkpoint saved in {ckpt.directory}; rerun the same "
-                                f"command to resume")
+                raise boundary.preempted(step, ckpt.directory)
             if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0 and step < cfg.train.steps:
                 _save(ckpt, state, run, stream, prefetch)
             if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.steps:
