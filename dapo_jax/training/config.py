@@ -61,6 +61,7 @@ class DataSection(_Section):
     eval_size: int = Field(default=64, gt=0)
     max_prompt_length: int = Field(default=64, gt=0)
     seed: int = 0
+    accept_changed: bool = False  # resume although data.train's path or prompts changed since the run started (logged)
 
 
 class ObjectiveSection(_Section):

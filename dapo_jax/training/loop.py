@@ -402,7 +402,7 @@ def _restore(cfg: RunConfig, ckpt: Checkpointer, state: TrainState, stream, say,
     run = _Run(restored.step, np.asarray(restored.meta["rng"], np.uint32), carry,
                int(restored.meta.get("steps_skipped", 0)), restored.meta.get("group_filter"), restored.critic,
                prefetched)
-    stream.load_state_dict(restored.meta["stream"])
+    sources.resume_stream(stream, restored.meta["stream"], cfg, say)  # refuses changed data (one line, exit 2)
     quarantined = f" (unreadable newer checkpoint(s) {restored.quarantined} set aside)" if restored.quarantined else ""
     say(f"[dapo-jax] resumed from step {restored.step} in {ckpt.directory}{quarantined}", flush=True)
     return restored.state, run

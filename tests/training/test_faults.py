@@ -74,6 +74,36 @@ def test_missing_file_and_bad_reward_option_fail_before_the_run_dir(tiny_model_d
         assert_nothing_written(tmp_path / d)
 
 
+def test_resume_on_changed_data_is_refused_in_one_line_unless_accepted(tiny_model_dir, tmp_path, overrides_for,
+                                                                      capsys, monkeypatch):
+    """The data file is edited in place keeping its row count, or the relative data path is resumed from
+    another working directory: either would silently resume on another prompt stream."""
+    rows = [{"question": f"{i}+1=", "answer": f"#### {i + 1}"} for i in range(16)]
+    first, second = tmp_path / "a", tmp_path / "b"
+    for d in (first, second):
+        d.mkdir()
+        (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run_dir = tmp_path / "run"
+
+    def args(steps, *extra):
+        return [*gsm8k_overrides(overrides_for, model_dir=tiny_model_dir, run_dir=run_dir, file="train.jsonl"),
+                f"train.steps={steps}", *extra]
+
+    monkeypatch.chdir(first)
+    assert train_rc(args(1), capsys)[0] == 0
+    rows[3]["answer"] = "#### 5"  # same number of rows, another answer
+    (first / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rc, err, _ = train_rc(args(2), capsys)
+    assert rc == 2 and f"data.train ({first / 'train.jsonl'}): the data changed" in err and "not in content" in err
+    assert [r["step"] for r in read_metrics(run_dir) if "loss" in r] == [1]  # nothing trained on the edited file
+    rc, err, out = train_rc(args(2, "data.accept_changed=true"), capsys)
+    assert rc == 0, err
+    assert "resuming on changed data (data.accept_changed=true): data.train: the same 16 prompts" in out
+    monkeypatch.chdir(second)  # the same relative path now names another file
+    rc, err, _ = train_rc(args(3), capsys)
+    assert rc == 2 and f"read from {first / 'train.jsonl'} when the run started, from {second / 'train.jsonl'} now" in err
+
+
 def test_infinite_learning_rate_is_refused_by_name(tiny_model_dir, tmp_path, overrides_for, capsys):
     rc, err, _ = train_rc(overrides_for(tiny_model_dir, tmp_path / "run", **{"optim.lr": ".inf"}), capsys)
     assert rc == 2 and "optim.lr" in err
