@@ -227,7 +227,8 @@ def train(cfg: RunConfig) -> dict:
         if group_filter is not None:
             group_filter.load_state_dict(run.group_filter)
         run_dir.save_config()  # the run really starts here
-        writer = MetricsWriter(run_dir.path, loggers=make_loggers(cfg, run_dir.path) if main else [], enabled=main)
+        writer = MetricsWriter(run_dir.path, loggers=make_loggers(cfg, run_dir.path) if main else [], enabled=main,
+                               resumed_from=run.step)  # repairs a torn last line; a missing file is warned of
         cleanup.callback(writer.close)
         rollouts = RolloutLog(run_dir.path, every=cfg.train.rollouts_every, sample=cfg.train.rollouts_sample,
                               tokenizer=tokenizer, enabled=main)  # what the model wrote: `dapo-jax show`

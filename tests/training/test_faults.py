@@ -256,6 +256,26 @@ def test_resume_says_where_it_resumed(tiny_model_dir, tmp_path, overrides_for, c
     assert rc == 0 and "resumed from step 1" in out
 
 
+def test_a_torn_or_missing_metrics_file_loses_no_row_after_the_resume(tiny_model_dir, tmp_path, overrides_for, capsys):
+    """Power lost while the last row was written (the file cut in the middle of its last line), then
+    metrics.jsonl deleted: the resumed run's rows all land on lines of their own, and each case is warned of."""
+    run_dir = tmp_path / "run"
+    assert train_rc(overrides_for(tiny_model_dir, run_dir, **{"train.steps": 1}), capsys)[0] == 0
+    metrics = run_dir / "metrics.jsonl"
+    metrics.write_bytes(metrics.read_bytes()[:-20])
+    with pytest.warns(RuntimeWarning, match="torn line"):
+        rc, err, _ = train_rc(overrides_for(tiny_model_dir, run_dir, **{"train.steps": 2}), capsys)
+    assert rc == 0, err
+    assert all(json.loads(line) for line in metrics.read_text().splitlines())  # every line a whole row
+    assert 2 in [r["step"] for r in read_metrics(run_dir) if "loss" in r]
+    assert len(list(run_dir.glob("metrics.jsonl.torn-*"))) == 1
+    metrics.unlink()
+    with pytest.warns(RuntimeWarning, match="missing although the run resumes from step 2"):
+        rc, err, _ = train_rc(overrides_for(tiny_model_dir, run_dir, **{"train.steps": 3}), capsys)
+    assert rc == 0, err
+    assert [r["step"] for r in read_metrics(run_dir) if "loss" in r] == [3]
+
+
 def test_zero_steps_evaluates_once(tiny_model_dir, tmp_path, overrides_for, capsys):
     run_dir = tmp_path / "run"
     assert train_rc(overrides_for(tiny_model_dir, run_dir, **{"train.steps": 0}), capsys)[0] == 0
