@@ -26,6 +26,7 @@ import numpy as np
 from flax import nnx
 
 from dapo_jax.parallel.host import to_global, to_host
+from dapo_jax.parallel.peers import PeerWatch
 from dapo_jax.training import sources
 from dapo_jax.training.checkpoint import Checkpointer, CheckpointUnreadableError
 from dapo_jax.training.config import ConfigError, RunConfig, resolve_path
@@ -167,7 +168,8 @@ def train(cfg: RunConfig) -> dict:
                       f"data.max_prompt_length={cfg.data.max_prompt_length} tokens and are dropped", RuntimeWarning)
     mesh = build_mesh(cfg)
     share = ProcessShare(mesh)  # this process's rows of each generation batch (parallel/process_data.py)
-    with run_dir, Preemption(exit_until_armed=True) as preemption, jax.set_mesh(mesh), contextlib.ExitStack() as cleanup:
+    with run_dir, Preemption(exit_until_armed=True) as preemption, jax.set_mesh(mesh), contextlib.ExitStack() as cleanup, \
+            PeerWatch():  # a lost peer process: one line naming it (parallel/peers.py)
         run_dir.check_same_config()
         model = load_model(cfg, mesh, tokenizer)
         policy, params = PolicyWeights.build(model, cfg.lora, seed=cfg.train.seed, mesh=mesh)  # LoRA: adapters only

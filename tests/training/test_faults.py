@@ -372,6 +372,26 @@ def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes(tiny_model_dir, tmp
     assert f"resumed from step {saved}" in done.stdout
 
 
+def test_sigterm_before_the_first_step_exits_at_once_with_nothing_to_save(tiny_model_dir, tmp_path, overrides_for):
+    """A SIGTERM while the run still compiles (the scheduler's grace period is often 30 s): nothing to save
+    yet, so the process ends at once, saying so, instead of after eval@0, the compile and step 1."""
+    run_dir = tmp_path / "run"
+    args = overrides_for(tiny_model_dir, run_dir, **{"train.steps": 400, "train.checkpoint_every": 0})
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "DAPO_JAX_COMPILATION_CACHE": "off"}  # the first compile is long
+    proc = subprocess.Popen([sys.executable, "-m", "dapo_jax.cli", "train", "tiny_dapo", *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None and not (run_dir / "config.yaml").exists():
+        time.sleep(0.02)  # the run really starts (its config is written), then compiles eval@0 and step 1
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)  # a bound against a hang, not a speed check
+    assert proc.returncode == 143, err[-2000:]
+    assert "SIGTERM before the first step completed: nothing to save" in err
+    rows = read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []
+    assert not [r for r in rows if r["step"] >= 1]  # it did not go on to train step 1
+    assert not any(p.name.isdigit() for p in (run_dir / "checkpoints").glob("*"))
+
+
 def test_a_mesh_that_leaves_devices_idle_says_so(capsys):
     import jax
 
