@@ -61,8 +61,9 @@ def test_the_step_boundary_stops_for_a_sigterm_or_a_failed_save_and_arms_the_pre
 
 
 def test_sigterm_before_arming_ends_the_process_at_once_even_inside_a_long_c_call():
-    """The watcher thread, woken through the signal's wakeup fd, exits while the main thread is still
-    busy (here in time.sleep; in a run, in an XLA compile) and would run no Python handler."""
+    """The watcher thread, woken through the signal's wakeup fd, ends the process while the main thread
+    is still busy (here in a long sleep, which the flag alone would not end; in a run, an XLA compile,
+    during which the main thread runs no Python signal handler at all)."""
     import subprocess
     import sys
 
