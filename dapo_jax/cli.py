@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -307,7 +308,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 def main(argv: list[str] | None = None) -> int:
     """Exit codes: 0 done; 2 a user error (one line naming the key, file or row); 3 dynamic sampling
-    starved, or `plan`: the run does not fit; 4 non-finite updates kept coming; 143 stopped by SIGTERM after saving a checkpoint."""
+    starved, or `plan`: the run does not fit; 4 non-finite updates kept coming; 6 a checkpoint could not
+    be saved; 7 another process of a multi-process run is gone; 143 stopped by SIGTERM after saving a
+    checkpoint (or before the first step, with nothing to save)."""
     from dapo_jax.training.guards import RunStopped
 
     args = build_parser().parse_args(argv)
@@ -324,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     except RunStopped as e:
         print(f"dapo-jax: {type(e).__name__}: {e}", file=sys.stderr)
+        if e.abandon_saves:  # a failed save or a lost peer: nothing left that could complete is waited for
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(e.exit_code)
         return e.exit_code
     except _user_errors() as e:
         print(f"dapo-jax: {type(e).__name__}: {e}", file=sys.stderr)

@@ -2,24 +2,35 @@
 
     stream = PromptStream(problems, tokenizer, template="dapo", max_prompt_length=512, seed=0)
     batch = stream.next_batch(32)          # PromptBatch: input_ids [32, bucket], attention_mask, answers, ...
-    state = stream.state_dict()            # {"epoch", "index", "seed", "num_examples"}
+    state = stream.state_dict()            # {"epoch", "index", "seed", "num_examples", "sha256", "source"}
     PromptStream(problems, tokenizer, ...).load_state_dict(state)   # continues exactly where it stopped
 
 Epoch ``e`` visits the kept examples in the order ``np.random.default_rng([seed, e]).permutation(n)``
 (the identity when ``shuffle=False``), so the position ``(epoch, index)`` alone fixes what comes next:
 a resumed run neither repeats nor skips a prompt, across epoch boundaries too. Prompts longer than
 ``max_prompt_length`` tokens are skipped (never truncated: a cut problem has a wrong answer) and counted.
+
+The position means something only over the same prompts: the state also holds a SHA-256 of the
+prompts the stream reads (each kept example's source index, rendered text and answer, in order) and
+``source`` (where they came from: the config key, the name and the resolved absolute path, given by
+the caller). ``load_state_dict`` refuses a stream whose prompts, count, seed or source path differ
+with a `StreamMismatch` (a `DataError`: one line, exit 2) naming the source and what changed; a
+file edited in place with the same number of rows, or a relative path resolved from another working
+directory, would otherwise resume silently on a different prompt stream. ``accept_changed=True``
+resumes anyway and returns what changed, for the caller to log.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from typing import Iterator, Sequence
 
 import numpy as np
 
 from dapo_jax.data.batching import default_buckets, left_pad
-from dapo_jax.data.datasets import Problem
+from dapo_jax.data.datasets import DataError, Problem
 from dapo_jax.data.templates import render_prompt, uses_chat_template
 
 
@@ -69,12 +80,19 @@ def tokenize_problems(problems: Sequence[Problem], tokenizer, *, template: str =
     return kept, skipped
 
 
+class StreamMismatch(DataError):
+    """A saved stream position that does not belong to this stream's prompts."""
+
+
 class PromptStream:
-    """Endless seeded iteration over tokenised prompts, with an explicit resumable position."""
+    """Endless seeded iteration over tokenised prompts, with an explicit resumable position.
+
+    `source`: where the problems came from, saved with the position and compared on resume:
+    `{"key": "data.train", "name": ..., "path": absolute path or None (a built-in task, a hub name)}`."""
 
     def __init__(self, problems: Sequence[Problem], tokenizer, *, max_prompt_length: int, template: str = "raw",
                  seed: int = 0, shuffle: bool = True, buckets: Sequence[int] | None = None,
-                 system: str | None = None):
+                 system: str | None = None, source: dict | None = None):
         self.examples, self.skipped = tokenize_problems(
             problems, tokenizer, template=template, max_prompt_length=max_prompt_length, system=system)
         if not self.examples:
@@ -89,6 +107,8 @@ class PromptStream:
         self.seed, self.shuffle = seed, shuffle
         self.epoch, self.index = 0, 0
         self._order_epoch, self._order = None, None
+        self.source = dict(source or {})
+        self._sha256: str | None = None
 
     def __len__(self) -> int:
         return len(self.examples)
@@ -134,18 +154,59 @@ class PromptStream:
             yield self.pad(self.examples[start:start + batch_size])
 
     # ------------------------------------------------------------------ resume
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "index": self.index, "seed": self.seed, "num_examples": len(self.examples)}
+    @property
+    def sha256(self) -> str:
+        """SHA-256 of the prompts the stream reads: each kept example's source index, rendered text and
+        answer, in source order (computed once)."""
+        if self._sha256 is None:
+            h = hashlib.sha256()
+            for e in self.examples:
+                h.update(json.dumps([e.index, e.text, e.answer], ensure_ascii=False).encode())
+                h.update(b"\n")
+            self._sha256 = h.hexdigest()
+        return self._sha256
 
-    def load_state_dict(self, state: dict) -> "PromptStream":
-        for key in ("epoch", "index", "seed", "num_examples"):
-            if key not in state:
-                raise KeyError(f"stream state is missing {key!r}: got {sorted(state)}")
-        if state["seed"] != self.seed or state["num_examples"] != len(self.examples):
-            raise ValueError(
-                f"stream state was saved for seed={state['seed']}, {state['num_examples']} examples; this stream "
-                f"has seed={self.seed}, {len(self.examples)} examples (different data, template or max length)")
+    def state_dict(self) -> dict:
+        state = {"epoch": self.epoch, "index": self.index, "seed": self.seed, "num_examples": len(self.examples),
+                 "sha256": self.sha256}
+        if self.source:
+            state["source"] = dict(self.source)
+        return state
+
+    def load_state_dict(self, state: dict, *, accept_changed: bool = False) -> list[str]:
+        """Continues from a saved position; returns what changed in the prompts (empty: nothing, or a
+        state saved before the identity was recorded). Raises StreamMismatch, one line naming the
+        source and what changed, unless `accept_changed` (then only a position that cannot apply to
+        these prompts, or a damaged state, raises)."""
+        name = self._name(state)
+        missing = [k for k in ("epoch", "index", "seed", "num_examples") if k not in state]
+        if missing:
+            raise StreamMismatch(f"{name}: the checkpoint's stream state is damaged: it lacks {missing} "
+                                 f"(it has {sorted(state)})")
+        changed = []
+        if state["seed"] != self.seed:
+            changed.append(f"shuffled with data.seed={state['seed']} when the run started, {self.seed} now")
+        old_path, new_path = (state.get("source") or {}).get("path"), self.source.get("path")
+        if "source" in state and old_path != new_path:
+            changed.append(f"read from {old_path or 'a built-in task or hub name'} when the run started, from "
+                           f"{new_path or 'a built-in task or hub name'} now")
+        if state["num_examples"] != len(self.examples):
+            changed.append(f"{state['num_examples']} prompts kept when the run started, {len(self.examples)} now "
+                           f"(different rows, template or max length)")
+        elif "sha256" in state and state["sha256"] != self.sha256:
+            changed.append(f"the same {len(self.examples)} prompts in number but not in content (sha256 "
+                           f"{state['sha256'][:12]}... when the run started, {self.sha256[:12]}... now)")
+        if changed and not accept_changed:
+            raise StreamMismatch(f"{name}: the data changed since the run started: {'; '.join(changed)}. Resuming "
+                                 f"would read another prompt stream than the run's: restore the data, use a new "
+                                 f"train.run_dir, or set data.accept_changed=true to resume on it anyway")
         if not 0 <= state["index"] < len(self.examples) or state["epoch"] < 0:
-            raise ValueError(f"stream state position (epoch={state['epoch']}, index={state['index']}) is out of range")
+            raise StreamMismatch(f"{name}: the checkpoint's stream position (epoch={state['epoch']}, "
+                                 f"index={state['index']}) does not fit its {len(self.examples)} prompts")
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
-        return self
+        return changed
+
+    def _name(self, state: dict) -> str:
+        src = self.source or state.get("source") or {}
+        key, where = src.get("key", "prompt stream"), src.get("path") or src.get("name")
+        return f"{key} ({where})" if where else key

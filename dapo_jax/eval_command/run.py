@@ -11,11 +11,19 @@ settings gives the numbers in its `metrics.jsonl` at step N, to the last bit. Ch
 temperature, top-p/top-k, max_new_tokens, batch size, seed, prompt length or the problems and the
 draws change; the report says which differ. A base model (a Hugging Face directory) has no run:
 its sampling defaults come from its `generation_config.json` unless flags set them.
+
+A run that is still training rotates its checkpoints (`train.keep_checkpoints`): the newest one that
+`dapo-jax eval RUN` chose may be deleted before or while it is read. When the checkpoint was chosen
+as the newest (not asked for by step) and it is gone after a failed read, the evaluation says so on
+stderr and takes the newest one now on disk (a few times at most); an explicit `--checkpoint` that
+disappears is an error.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import sys
 import time
 from pathlib import Path
 
@@ -34,6 +42,7 @@ class Target:
     run_dir: Path | None
     label: str
     hf_only: bool = False  # a Hugging Face directory with no run config: its generation_config.json's defaults
+    newest: bool = False  # the checkpoint is the run's newest at resolve time (not asked for by step)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,14 +110,36 @@ def _run_target(cfg: RunConfig, run_dir: Path, checkpoint: int | None) -> Target
     steps = sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) if ckpts.is_dir() else []
     if checkpoint == 0:
         return Target(cfg, None, run_dir, f"{run_dir} (step 0: base model {cfg.model.path})")
-    if checkpoint is None:
+    newest = checkpoint is None
+    if newest:
         if not steps:
             raise FileNotFoundError(f"no checkpoint under {ckpts}; --checkpoint 0 evaluates the run's base model")
         checkpoint = steps[-1]
     if checkpoint not in steps:
         raise FileNotFoundError(f"no checkpoint {checkpoint} under {ckpts}; there are {steps or 'none'} "
                                 f"(0 = the base model)")
-    return Target(cfg, ckpts / str(checkpoint), run_dir, f"{run_dir} (step {checkpoint})")
+    return Target(cfg, ckpts / str(checkpoint), run_dir, f"{run_dir} (step {checkpoint})", newest=newest)
+
+
+ROTATION_RETRIES = 5  # a checkpoint deleted under us this many times in a row is no longer a race
+
+
+def load_checkpoint(target: Target, mesh, *, say=lambda msg: print(msg, file=sys.stderr, flush=True)):
+    """`(target, model, tokenizer, step)` of the target's checkpoint; when it was the run's newest and a
+    training run rotated it away before or while it was read, the newest one now on disk (said on stderr)."""
+    from dapo_jax.training import loop
+
+    for attempt in range(ROTATION_RETRIES + 1):
+        try:
+            return (target, *loop.load_trained_model(target.cfg, target.checkpoint, mesh=mesh))
+        except Exception:
+            if not target.newest or target.checkpoint.exists() or attempt == ROTATION_RETRIES:
+                raise
+            gone = target.checkpoint
+            target = _run_target(target.cfg, target.run_dir, None)
+            say(f"dapo-jax eval: {gone} was deleted while it was being read (the training run rotates its "
+                f"checkpoints, train.keep_checkpoints); evaluating the newest one now, {target.checkpoint}")
+    raise AssertionError("unreachable")
 
 
 def settings_for(target: Target, flags: EvalFlags, generation) -> dict:
@@ -170,7 +201,7 @@ def run_eval(target: Target, sets: list[EvalSet], flags: EvalFlags = EvalFlags()
             tokenizer = loop.load_tokenizer(cfg)
             model, step = loop.load_model(cfg, mesh, tokenizer), 0
         else:
-            model, tokenizer, step = loop.load_trained_model(cfg, target.checkpoint, mesh=mesh)
+            target, model, tokenizer, step = load_checkpoint(target, mesh)
         graphdef, params = nnx.split(model)
         scfg = loop.sampling_config(scfg_cfg, tokenizer, model.config, eval_mode=True, generation=generation)
         generate = make_generate(graphdef, scfg, s["k"])

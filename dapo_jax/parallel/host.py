@@ -21,6 +21,17 @@ def to_host(tree):
     return multihost_utils.process_allgather(tree, tiled=True)
 
 
+def process_flags(flags) -> np.ndarray:
+    """`[processes, k]` bool: every process's `k` flags, on every process (one tiny all-gather; no
+    communication in a one-process run). Every process must call it at the same point."""
+    local = np.asarray(flags, np.int32).reshape(-1)
+    if jax.process_count() == 1:
+        return local[None].astype(bool)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(local, tiled=False)).reshape(jax.process_count(), -1) > 0
+
+
 def to_global(tree, sharding: jax.sharding.Sharding):
     """Host arrays (the same full value on every process) -> global arrays laid out by `sharding`."""
 

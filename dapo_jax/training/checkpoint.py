@@ -36,6 +36,14 @@ A checkpoint never fails silently:
 - A checkpoint whose (intact) record does not fit the restore target, e.g. after a change of model or
   optimizer, raises `CheckpointError` from both `restore` and `restore_latest` and is left in place.
 
+- **A failed save stops the run at once.** An async save that fails (disk full, a read-only or
+  unwritable folder) is noticed at the next step boundary (`check`, called every step), not at the
+  next save: `CheckpointSaveError` (exit 6) says in one line which folder and why (ENOSPC, EROFS,
+  EACCES, ... from the OSError or Tensorstore's `os_error_code`), and names the last good checkpoint,
+  which Orbax left intact (a save writes into a temporary folder). Orbax's threads still waiting on
+  the failed save are released (`abandon`), so the process exits instead of waiting for them
+  (`failed_save.py`).
+
 `restore_params` (eval, export) reads without moving anything: it skips a corrupt newest checkpoint
 with a warning, raises `CheckpointUnreadableError` when none is good, and `CheckpointCorruptError`
 when the `step` asked for is corrupt.
@@ -55,6 +63,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+
+from dapo_jax.training.failed_save import CheckpointSaveError, quiet_orbax_errors, release_orbax_threads, save_failure
 
 log = logging.getLogger(__name__)
 
@@ -187,13 +197,43 @@ class Checkpointer:
     def __init__(self, directory: str | Path, *, keep: int = 2, async_save: bool = True):
         self.directory = Path(directory).absolute()
         self.quarantine_dir = self.directory / "corrupt"
+        quiet_orbax_errors()
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
         )
         self.manager = ocp.CheckpointManager(self.directory, options=options)
+        self.failed: CheckpointSaveError | None = None  # a save that failed: every later call re-raises it
+        self._saving: int | None = None  # the step of the save in flight (None: none, or it finished)
+
+    def __enter__(self) -> "Checkpointer":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        """Finishes the save in flight (a preemption's included), unless the run stops because a save
+        failed or a peer process is gone: then nothing more is waited for."""
+        if exc is not None and getattr(exc, "abandon_saves", False):
+            self.abandon()
+        else:
+            self.close()
 
     def all_steps(self) -> list[int]:
         return sorted(self.manager.all_steps())
+
+    def check(self) -> None:
+        """Raises CheckpointSaveError when the last (async) save failed; returns at once while it runs.
+        Called at every step boundary, so a failure stops the run one step after it happened."""
+        if self.failed is not None:
+            raise self.failed
+        if self._saving is None or self.manager.is_saving_in_progress():
+            return
+        self.wait()  # finished: collects its error, if any
+
+    def _fail(self, step: int | None, e: BaseException) -> CheckpointSaveError:
+        good = [s for s in self.all_steps() if s != step]
+        self.failed = save_failure(self.directory, step, e, max(good, default=None))
+        self.failed.__cause__ = e
+        self.abandon()
+        return self.failed
 
     def save(self, step: int, state, *, meta: dict, carry: dict | None = None, critic=None) -> None:
         """Starts an (async) save; the previous save is finished first. Raises NonFiniteStateError,
@@ -213,14 +253,37 @@ class Checkpointer:
         record = json.loads(json.dumps({**meta, "step": step, "has_carry": carry is not None, "checksums": sums}))
         record["meta_crc32"] = _json_crc32(record)
         items["meta"] = ocp.args.JsonSave(record)
-        self.manager.save(step, args=ocp.args.Composite(**items), force=True)
+        self.wait()  # the previous save: its failure stops the run here, before another is started
+        try:
+            self.manager.save(step, args=ocp.args.Composite(**items), force=True)
+        except Exception as e:  # noqa: BLE001 - the folder could not even be prepared
+            if _is_out_of_memory(e):
+                raise
+            raise self._fail(step, e) from e
+        self._saving = step
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        """Blocks until the save in flight is done; CheckpointSaveError when it (or an earlier one) failed."""
+        if self.failed is not None:
+            raise self.failed
+        try:
+            self.manager.wait_until_finished()
+        except Exception as e:  # noqa: BLE001 - Orbax re-raises the background save's error here
+            if _is_out_of_memory(e):
+                raise
+            raise self._fail(self._saving, e) from e
+        self._saving = None
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
-        self.manager.close()
+        if self.failed is None:
+            self.wait()
+            self.manager.close()
+
+    def abandon(self) -> None:
+        """Stops waiting for the save in flight: releases Orbax's threads that wait for signals a failed
+        save (or a lost peer process) will never send, so that the process can exit. The folder keeps
+        its completed checkpoints; a half-written one stays in Orbax's temporary folder, out of view."""
+        release_orbax_threads()
 
     def restore(self, step: int, target, *, critic=None) -> Restored:
         """Restores `step` onto `target`'s shapes, dtypes and shardings (a pytree of arrays or abstract

@@ -67,6 +67,7 @@ class DataSection(_Section):
     eval_size: int = Field(default=64, gt=0)  # held-out problems per evaluation
     max_prompt_length: int = Field(default=64, gt=0)  # in tokens; longer prompts are skipped and counted
     seed: int = 0  # the order prompts are drawn in
+    accept_changed: bool = False  # resume although data.train's path or prompts changed since the run started (logged)
 
 
 class ObjectiveSection(_Section):

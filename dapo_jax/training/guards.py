@@ -1,9 +1,19 @@
-"""What stops a run loudly instead of letting it end in a NaN model: non-finite updates and preemption.
+"""What stops a run loudly instead of letting it end in a NaN model or a hang: non-finite updates,
+preemption and failed checkpoint saves, agreed between the processes of a multi-process run.
 
     monitor = NonFiniteMonitor(max_consecutive=3)
     monitor.update(step, metrics["nonfinite_updates"])    # raises NonFiniteError on the K-th bad step in a row
-    with Preemption() as pre:                              # SIGTERM (TPU / cloud schedulers) sets pre.requested
-        ...; if pre.requested: save and raise Preempted(step)
+    with Preemption(exit_until_armed=True) as pre:         # SIGTERM (TPU / cloud schedulers) sets pre.requested
+        boundary = StepBoundary(pre, checkpointer)
+        ...; if boundary.should_stop(step): save, then raise boundary.preempted(step, where)
+
+Preemption notices reach the hosts of a pod at different moments. A process that saved and stopped on
+its own while the others went on to the next step would leave both waiting forever in collectives
+that no longer match, so every step boundary exchanges each process's flags (one tiny all-gather,
+`parallel.host.process_flags`): a SIGTERM on any process makes all of them save the same step and
+exit 143, a failed save on any of them stops all. Before the first step has completed there is
+nothing to save: a SIGTERM then ends the process at once (a watcher thread woken by the signal, so
+that a long compile does not delay it past the scheduler's grace period).
 
 The train step itself never applies a non-finite update (`train_step.py`); this module decides when
 the run as a whole has gone wrong.
@@ -11,7 +21,10 @@ the run as a whole has gone wrong.
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
+import sys
 import threading
 import warnings
 
@@ -19,9 +32,11 @@ PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: what schedulers expect from a proces
 
 
 class RunStopped(RuntimeError):
-    """The run stopped before its last step; `exit_code` is what the CLI returns."""
+    """The run stopped before its last step; `exit_code` is what the CLI returns. `abandon_saves`: the
+    checkpoint save in flight cannot complete (it failed, or a peer process is gone): not waited for."""
 
     exit_code = 1
+    abandon_saves = False
 
 
 class NonFiniteError(RunStopped):
@@ -58,20 +73,110 @@ class NonFiniteMonitor:
 
 
 class Preemption:
-    """Turns SIGTERM into a flag the loop checks between steps (only in the main thread)."""
+    """Turns SIGTERM into a flag the loop checks between steps (only in the main thread).
 
-    def __init__(self):
+    With `exit_until_armed`, a SIGTERM that comes before `arm()` (the first step of this process's
+    run completed: something to save) ends the process at once with exit 143 and one line. Python
+    runs signal handlers only between bytecodes of the main thread, which a compile holds for
+    minutes, so a daemon thread woken through `signal.set_wakeup_fd` does it."""
+
+    def __init__(self, *, exit_until_armed: bool = False):
         self.requested = False
+        self.armed = not exit_until_armed
         self._previous = None
+        self._previous_fd = None
+        self._pipe: tuple[socket.socket, socket.socket] | None = None
 
     def _handler(self, signum, frame) -> None:
         self.requested = True
 
+    def arm(self) -> None:
+        """A step is done: from now on a SIGTERM is honoured at the next step boundary, with a save."""
+        self.armed = True
+
+    def _watch(self, reader: socket.socket) -> None:
+        while True:
+            try:
+                data = reader.recv(64)
+            except OSError:
+                return
+            if not data:
+                return
+            if signal.SIGTERM in data:
+                self.requested = True
+                if not self.armed:
+                    sys.stdout.flush()
+                    sys.stderr.write(f"dapo-jax: Preempted: SIGTERM before the first step completed: nothing to "
+                                     f"save, exiting now (exit {PREEMPTED_EXIT_CODE}); rerun the same command to "
+                                     f"start or resume\n")
+                    sys.stderr.flush()
+                    os._exit(PREEMPTED_EXIT_CODE)
+
     def __enter__(self) -> "Preemption":
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._handler)
+            if not self.armed:
+                reader, writer = socket.socketpair()
+                writer.setblocking(False)
+                self._pipe = (reader, writer)
+                self._previous_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+                threading.Thread(target=self._watch, args=(reader,), name="dapo-jax-sigterm", daemon=True).start()
         return self
 
     def __exit__(self, *exc) -> None:
+        if self._pipe is not None:
+            signal.set_wakeup_fd(self._previous_fd)
+            for end in self._pipe:  # the watcher's recv returns and it ends
+                end.close()
+            self._pipe = None
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
+
+
+class StepBoundary:
+    """What every process of the run must learn between two steps, and act on together.
+
+    `should_stop(step)` arms the preemption (a step is done), checks the last async checkpoint save
+    (`Checkpointer.check`) and exchanges both flags with the other processes: it raises the failed
+    save's error when any process's save failed (every process stops at this boundary), and returns
+    True when any process got SIGTERM (every process saves this step, then raises `preempted`)."""
+
+    def __init__(self, preemption: Preemption, checkpointer):
+        self.preemption = preemption
+        self.checkpointer = checkpointer
+        self.signalled: list[int] = []
+
+    def should_stop(self, step: int) -> bool:
+        from dapo_jax.parallel.host import process_flags
+
+        self.preemption.arm()
+        failure = None
+        try:
+            self.checkpointer.check()
+        except RunStopped as e:
+            failure = e
+        flags = process_flags([self.preemption.requested, failure is not None])  # [processes, 2]
+        if failure is not None:
+            raise failure
+        if flags[:, 1].any():
+            from dapo_jax.training.checkpoint import CheckpointSaveError
+
+            raise CheckpointSaveError(
+                f"process(es) {_listed(flags[:, 1])} could not save a checkpoint in {self.checkpointer.directory} "
+                f"(their log says why); every process stopped at step {step}. Fix the folder and rerun the same "
+                f"command to resume")
+        self.signalled = _listed(flags[:, 0])
+        return bool(self.signalled)
+
+    def preempted(self, step: int, where) -> Preempted:
+        import jax
+
+        n = jax.process_count()
+        who = f" (it reached process(es) {self.signalled} of {n}; all {n} saved and stopped)" if n > 1 else ""
+        return Preempted(f"SIGTERM at step {step}{who}: checkpoint saved in {where}; rerun the same command to "
+                         f"resume")
+
+
+def _listed(flags) -> list[int]:
+    return [int(p) for p in flags.nonzero()[0]]

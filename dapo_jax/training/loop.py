@@ -26,13 +26,14 @@ import numpy as np
 from flax import nnx
 
 from dapo_jax.parallel.host import to_global, to_host
+from dapo_jax.parallel.peers import PeerWatch
 from dapo_jax.training import sources
 from dapo_jax.training.checkpoint import Checkpointer, CheckpointUnreadableError
 from dapo_jax.training.config import ConfigError, RunConfig, resolve_path
 from dapo_jax.training.critic import Critic
 from dapo_jax.training.evaluate import eval_key, evaluate
 from dapo_jax.training.group_filter import GroupFilter, selection_stats
-from dapo_jax.training.guards import NonFiniteMonitor, Preempted, Preemption
+from dapo_jax.training.guards import NonFiniteMonitor, Preemption, StepBoundary
 from dapo_jax.training.loggers import make_loggers
 from dapo_jax.training.lora import PolicyWeights
 from dapo_jax.training.metrics import MetricsWriter, compile_count
@@ -156,7 +157,8 @@ def train(cfg: RunConfig) -> dict:
     mesh = build_mesh(cfg)
     share = ProcessShare(mesh)  # this process's rows of each generation batch (parallel/process_data.py)
     attention_report(cfg, mesh)  # model.attention=splash on a CPU: one line, before anything loads
-    with run_dir, Preemption() as preemption, jax.set_mesh(mesh), contextlib.ExitStack() as cleanup:
+    with run_dir, Preemption(exit_until_armed=True) as preemption, jax.set_mesh(mesh), contextlib.ExitStack() as cleanup, \
+            PeerWatch():  # a lost peer process: one line naming it (parallel/peers.py)
         run_dir.check_same_config()
         model = load_model(cfg, mesh, tokenizer)
         policy, params = PolicyWeights.build(model, cfg.lora, seed=cfg.train.seed, mesh=mesh)  # LoRA: adapters only
@@ -175,13 +177,15 @@ def train(cfg: RunConfig) -> dict:
         train_step, prepare = programs.train_step, programs.prepare
         say(f"[dapo-jax] {attention_report(cfg, mesh)}", flush=True)
 
-        ckpt = Checkpointer(run_dir.path / "checkpoints", keep=cfg.train.keep_checkpoints)
-        cleanup.callback(ckpt.close)  # however the run ends, a started save completes
+        # however the run ends, a started save completes (unless it failed or a peer process is gone)
+        ckpt = cleanup.enter_context(Checkpointer(run_dir.path / "checkpoints", keep=cfg.train.keep_checkpoints))
+        boundary = StepBoundary(preemption, ckpt)  # SIGTERM and failed saves, agreed by all processes (guards.py)
         state, run = _restore(cfg, ckpt, state, stream, say, critic.init_state if critic is not None else None)
         if group_filter is not None:
             group_filter.load_state_dict(run.group_filter)
         run_dir.save_config()  # the run really starts here
-        writer = MetricsWriter(run_dir.path, loggers=make_loggers(cfg, run_dir.path) if main else [], enabled=main)
+        writer = MetricsWriter(run_dir.path, loggers=make_loggers(cfg, run_dir.path) if main else [], enabled=main,
+                               resumed_from=run.step)  # repairs a torn last line; a missing file is warned of
         cleanup.callback(writer.close)
         rollouts = RolloutLog(run_dir.path, every=cfg.train.rollouts_every, sample=cfg.train.rollouts_sample,
                               tokenizer=tokenizer, enabled=main)  # what the model wrote: `dapo-jax show`
@@ -314,10 +318,9 @@ def train(cfg: RunConfig) -> dict:
             bar.set_postfix(reward=f"{stats.get('reward_mean', 0):.2f}", acc=f"{stats.get('accuracy', 0):.2f}",
                             kept=f"{stats.get('kept_fraction', 0):.2f}", ent=f"{float(m.get('entropy', 0)):.2f}")
             monitor.update(step, float(m.get("nonfinite_updates", 0.0)))
-            if preemption.requested:
+            if boundary.should_stop(step):
                 _save(ckpt, state, run, stream, prefetch)
-                raise Preempted(f"SIGTERM at step {step}: checkpoint saved in {ckpt.directory}; rerun the same "
-                                f"command to resume")
+                raise boundary.preempted(step, ckpt.directory)
             if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0 and step < cfg.train.steps:
                 _save(ckpt, state, run, stream, prefetch)
             if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.steps:
@@ -357,7 +360,7 @@ def _restore(cfg: RunConfig, ckpt: Checkpointer, state: TrainState, stream, say,
     run = _Run(restored.step, np.asarray(restored.meta["rng"], np.uint32), carry,
                int(restored.meta.get("steps_skipped", 0)), restored.meta.get("group_filter"), restored.critic,
                prefetched)
-    stream.load_state_dict(restored.meta["stream"])
+    sources.resume_stream(stream, restored.meta["stream"], cfg, say)  # refuses changed data (one line, exit 2)
     quarantined = f" (unreadable newer checkpoint(s) {restored.quarantined} set aside)" if restored.quarantined else ""
     say(f"[dapo-jax] resumed from step {restored.step} in {ckpt.directory}{quarantined}", flush=True)
     return restored.state, run

@@ -7,13 +7,22 @@
 A line is flushed as soon as it is written, so a killed run loses nothing already logged. After a
 resume the same step may appear twice (logged, then redone from the checkpoint); readers keep the
 last line of each step (`read_metrics`).
+
+A process killed in the middle of a write (power loss, SIGKILL) can leave a torn last line; the next
+row appended to it would be glued onto the fragment and lost with it. The writer repairs the file
+before its first row: a last line that is a whole JSON row only lacks its newline and gets it; any
+other fragment is moved to `metrics.jsonl.torn-<time>` and cut from the file, with a warning. A
+resumed run (`resumed_from` > 0) whose metrics.jsonl is gone says so: the rows up to that step are lost.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import threading
+import time
+import warnings
 from pathlib import Path
 
 import jax
@@ -57,9 +66,10 @@ class MetricsWriter:
     """Appends `{"step": s, **metrics}` lines to metrics.jsonl and the finite scalars to the loggers."""
 
     def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, enabled: bool = True,
-                 loggers: list | None = None):
+                 loggers: list | None = None, resumed_from: int = 0):
         """`enabled=False` (every process but 0 of a multi-process run) writes nothing at all.
-        `loggers` (`dapo_jax.training.loggers`): None = TensorBoard if `tensorboard`."""
+        `loggers` (`dapo_jax.training.loggers`): None = TensorBoard if `tensorboard`. `resumed_from`:
+        the step the run resumed from (0: a new run), to warn when its metrics.jsonl is missing."""
         self.path = Path(run_dir) / "metrics.jsonl"
         self.enabled = enabled
         self._file = None
@@ -67,6 +77,11 @@ class MetricsWriter:
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if resumed_from > 0 and not self.path.exists():
+            warnings.warn(f"{self.path} is missing although the run resumes from step {resumed_from}: the metrics of "
+                          f"steps up to {resumed_from} are lost; it starts again with step {resumed_from + 1}",
+                          RuntimeWarning, stacklevel=2)
+        repair_torn_line(self.path)
         self._file = open(self.path, "a", buffering=1)
         if loggers is None:
             from dapo_jax.training.loggers import TensorBoardLogger
@@ -92,6 +107,45 @@ class MetricsWriter:
             self._file.close()
         for logger in self._loggers:
             logger.close()
+
+
+def repair_torn_line(path: Path) -> Path | None:
+    """Makes `path` end with a newline before rows are appended (module docstring). Returns where a torn
+    fragment was moved (None: nothing to repair, or a whole row that only lacked its newline)."""
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    with open(path, "rb+") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(max(size - 1, 0))
+        if f.read(1) == b"\n":
+            return None
+        start = size  # the last line starts after the last newline: search back in blocks
+        while start > 0:
+            block = min(start, 1 << 16)
+            f.seek(start - block)
+            cut = f.read(block).rfind(b"\n")
+            if cut >= 0:
+                start = start - block + cut + 1
+                break
+            start -= block
+        f.seek(start)
+        fragment = f.read()
+        try:
+            whole = isinstance(json.loads(fragment), dict)
+        except ValueError:
+            whole = False
+        if whole:  # killed between the row and its newline: nothing lost
+            f.seek(size)
+            f.write(b"\n")
+            return None
+        aside = path.with_name(f"{path.name}.torn-{time.strftime('%Y%m%dT%H%M%S')}")
+        aside.write_bytes(fragment)
+        f.truncate(start)
+    warnings.warn(f"{path} ended in a torn line ({len(fragment)} bytes: the process writing it was killed mid-write); "
+                  f"moved it to {aside} and cut it from the file, so the next rows start on a line of their own",
+                  RuntimeWarning, stacklevel=3)
+    return aside
 
 
 def read_metrics(run_dir_or_file: str | Path) -> list[dict]:

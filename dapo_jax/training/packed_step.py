@@ -20,7 +20,8 @@ groups. Every aggregation's `(loss_sum, den)` is a sum over responses (token_mea
 seq_mean_*: non-empty responses; Dr. GRPO: non-empty responses · T_max) and every group statistic
 is either computed before the update (advantages) or inside one group, which a chunk holds whole,
 so Σ_chunks equals the unpacked mini-batch's sums; the batch-level entropy statistics (high-entropy
-quantile, EDGE-GRPO's normaliser) come from the same unpacked no-gradient pass as `train_step`'s.
+quantile, EDGE-GRPO's normaliser) come from the same unpacked no-gradient pass as `train_step`'s, and
+so do the entropies every chunk's objective compares with them (`train_step.with_pass_values`).
 Sequences whose response mask is all zero carry no loss and are not computed at all.
 """
 
@@ -37,7 +38,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from dapo_jax.data.packing import pack_with_tail, tail_heights
 from dapo_jax.objectives.diagnostics import combine_metrics
 from dapo_jax.parallel.mesh import committed, jit_keeping_layout
-from dapo_jax.training.train_step import Batch, TrainState, _joined, apply_accumulated, policy_logprobs, step_metrics
+from dapo_jax.training.train_step import (Batch, TrainState, _joined, apply_accumulated, policy_logprobs, step_metrics,
+                                         with_pass_values)
 
 
 def packed_logprobs(model, tokens, segment_ids, positions, targets, *, temperature, branch_ids=None):
@@ -81,12 +83,13 @@ def make_packed_train_step(
     eda = bool(getattr(objective, "entropy_driven_advantage", False))
 
     def chunk_loss(params, mini: Batch, chunk, stats, frozen=None):
+        stats, pass_entropy = stats  # the statistics and the entropies `[P, G, T]` of the no-gradient pass
         tokens, segs, pos, targets, branches, index, valid, groups = chunk
         model = nnx.merge(graphdef, frozen, params) if frozen is not None else nnx.merge(graphdef, params)
         logp, entropy = packed_logprobs(model, tokens, segs, pos, targets, temperature=temperature,
                                         branch_ids=branches if share_prompts else None)  # splash takes none
         logp = jnp.where(valid, logp.reshape(-1)[index], 0.0)
-        entropy = jnp.where(valid, entropy.reshape(-1)[index], 0.0)
+        entropy = with_pass_values(jnp.where(valid, entropy.reshape(-1)[index], 0.0), pass_entropy)
         mask = mini.response_mask * groups[:, None, None].astype(mini.response_mask.dtype)
         extra_terms = dict(stats)
         if mini.behaviour_logp is not None:
@@ -115,8 +118,9 @@ def make_packed_train_step(
 
     @jax.jit
     def start(params, mini: Batch, frozen):
-        """The mini-batch's batch-level entropy statistics (as train_step's, unpacked) and a zero accumulator."""
-        stats = {}
+        """The mini-batch's batch-level entropy statistics (as train_step's, unpacked) and the entropies
+        `[P, G, T]` they were taken from (None when not needed)."""
+        stats, entropy = {}, None
         if quantile is not None or eda:
             from dapo_jax.objectives.entropy_advantage import entropy_normaliser
             from dapo_jax.objectives.policy_loss import high_entropy_threshold
@@ -130,7 +134,7 @@ def make_packed_train_step(
                 stats["entropy_threshold"] = high_entropy_threshold(entropy, mini.response_mask, quantile=quantile)
             if eda:
                 stats["entropy_norm"] = entropy_normaliser(entropy, mini.response_mask)
-        return stats
+        return stats, entropy
 
     zeros = []
 

@@ -28,7 +28,8 @@ from dapo_jax.training.config import ConfigError, RunConfig, save_config
 # shardings and the math is the same up to float reduction order.
 RESUMABLE_KEYS = {"train.steps", "train.progress", "train.tensorboard", "train.eval_every",
                   "train.checkpoint_every", "train.keep_checkpoints", "train.run_dir", "train.fresh_start",
-                  "train.max_nonfinite_steps", "train.rollouts_every", "train.rollouts_sample", "train.loggers"}
+                  "train.max_nonfinite_steps", "train.rollouts_every", "train.rollouts_sample", "train.loggers",
+                  "data.accept_changed"}
 
 
 class RunDir:

@@ -6,7 +6,9 @@
 
 Prompts are always padded to exactly `max_prompt_length` (a single bucket), so the jitted sampler
 and update compile once. The stream's `state_dict()` goes into every checkpoint, so a resumed run
-consumes exactly the prompts an uninterrupted one would have.
+consumes exactly the prompts an uninterrupted one would have; it carries the source's identity (config
+key, name, resolved absolute path, a SHA-256 of its prompts), and `resume_stream` refuses a resume
+on changed data (`data.stream.StreamMismatch`, exit 2) unless `data.accept_changed` says so (logged).
 """
 
 from __future__ import annotations
@@ -20,7 +22,17 @@ from pathlib import Path
 from dapo_jax.data.datasets import FORMATS, DataError, Problem, load_problems, to_problems
 from dapo_jax.training.config import BUILT_IN_TASKS, REPO_ROOT, resolve_path
 
-__all__ = ["DataError", "load_source", "make_stream", "decode_responses", "make_scorer", "make_data"]
+__all__ = ["DataError", "load_source", "make_stream", "resume_stream", "source_path", "decode_responses", "make_scorer",
+           "make_data"]
+
+
+def source_path(source) -> Path | None:
+    """The absolute path a configured source reads (a relative path resolved as `load_source` does, so
+    from the working directory first); None for a built-in task or a hub name."""
+    if source.name in BUILT_IN_TASKS:
+        return None
+    path = resolve_path(source.name)
+    return path.resolve() if path.exists() else None
 
 
 def load_source(source, *, seed: int = 0) -> list[Problem]:
@@ -64,16 +76,29 @@ def load_source(source, *, seed: int = 0) -> list[Problem]:
     return problems
 
 
-def make_stream(source, tokenizer, *, max_prompt_length: int, seed: int, shuffle: bool = True):
-    """A resumable `dapo_jax.data.PromptStream` whose batches are `[n, max_prompt_length]`."""
+def make_stream(source, tokenizer, *, max_prompt_length: int, seed: int, shuffle: bool = True, key: str = "data.train"):
+    """A resumable `dapo_jax.data.PromptStream` whose batches are `[n, max_prompt_length]`; `key` names
+    the source's config section in its saved identity and errors."""
     from dapo_jax.data.stream import PromptStream
 
     problems = load_source(source, seed=seed)
+    path = source_path(source)
+    identity = {"key": key, "name": source.name, "path": str(path) if path is not None else None}
     try:
         return PromptStream(problems, tokenizer, max_prompt_length=max_prompt_length, template=source.template,
-                            seed=seed, shuffle=shuffle, buckets=(max_prompt_length,))
+                            seed=seed, shuffle=shuffle, buckets=(max_prompt_length,), source=identity)
     except ValueError as e:
         raise DataError(f"data source {source.name!r}: {e} (data.max_prompt_length={max_prompt_length})") from e
+
+
+def resume_stream(stream, state: dict, cfg, say=print) -> None:
+    """Puts the training stream at a checkpoint's position; raises `StreamMismatch` (one line, exit 2)
+    when its prompts changed since the run started, unless `data.accept_changed` (then says what
+    changed)."""
+    changed = stream.load_state_dict(state, accept_changed=cfg.data.accept_changed)
+    if changed:
+        say(f"[dapo-jax] warning: resuming on changed data (data.accept_changed=true): {stream.source.get('key')}: "
+            f"{'; '.join(changed)}", flush=True)
 
 
 def decode_responses(tokenizer, response_ids: np.ndarray, response_mask: np.ndarray) -> list[str]:
@@ -128,7 +153,7 @@ def make_data(cfg, tokenizer, objective, *, sample: int = 8):
     eval_stream = None
     if cfg.data.eval is not None:
         eval_stream = make_stream(cfg.data.eval, tokenizer, max_prompt_length=max_len, seed=cfg.data.seed,
-                                  shuffle=False)
+                                  shuffle=False, key="data.eval")
     scorer = make_scorer(cfg.reward, objective)
     strict = make_scorer(cfg.reward.model_copy(update={"on_error": "raise"}), objective)
     for name, s in (("data.train", stream), ("data.eval", eval_stream)):

@@ -16,6 +16,14 @@ since the sums are global under jit's sharding). An update whose loss, gradient,
 new optimizer moments are not all finite (a NaN moment, an infinite learning rate, an overflow) is
 not applied: params and optimizer state stay as they were, and it is counted in `state.skipped`
 and in the step's `nonfinite_updates`, so the state in memory, and every checkpoint, stays finite.
+
+Batch-level entropy statistics (the high-entropy mask's quantile, EDGE-GRPO's normaliser) come from
+one no-gradient pass over the whole mini-batch, and so do the entropies the objective compares with
+them: each micro-batch's gradient pass recomputes its entropies in another program, whose values may
+differ from the first pass's in the last bit, and tied entropies (the G responses of a prompt share
+their first token's context) would then fall on either side of a threshold they define. The
+objective sees `h_pass + (h - stop_gradient(h))`: the pass's values exactly, the gradient pass's
+derivative (for an entropy bonus), so the kept tokens do not depend on `micro_batches` or the mesh.
 """
 
 from __future__ import annotations
@@ -142,11 +150,12 @@ def make_train_step(
     quantile = getattr(objective, "high_entropy_quantile", None)
     eda = bool(getattr(objective, "entropy_driven_advantage", False))
 
-    def micro_loss(params, mb: Batch, entropy_stats, frozen=None):
+    def micro_loss(params, mb: Batch, entropy_stats, frozen=None, pass_entropy=None):
         logp, entropy = policy_logprobs(
             graphdef, _joined(frozen, params), mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
             temperature=temperature,
         )
+        entropy = with_pass_values(entropy, pass_entropy)
         extra_terms = dict(entropy_stats)  # the batch-level entropy statistics the objective uses, if any
         if mb.behaviour_logp is not None:
             extra_terms["behaviour_logp"] = mb.behaviour_logp
@@ -165,10 +174,11 @@ def make_train_step(
     def entropy_stats(params, mini: Batch, frozen=None):
         """Batch-level entropy statistics over every valid token of the mini-batch (all its
         micro-batches, and all devices under jit's sharding): the high-entropy mask's quantile and
-        EDGE-GRPO's normaliser N. One extra forward pass, without gradient, so the kept tokens and the
-        scaled advantages do not depend on `micro_batches` or the mesh."""
+        EDGE-GRPO's normaliser N, and the entropies `[micro_batches, P/m, G, T]` they were taken from
+        (None when not needed). One extra forward pass, without gradient, so the kept tokens and the
+        scaled advantages do not depend on `micro_batches` or the mesh (module docstring)."""
         if quantile is None and not eda:
-            return {}
+            return {}, None
         from dapo_jax.objectives.entropy_advantage import entropy_normaliser
         from dapo_jax.objectives.policy_loss import high_entropy_threshold
 
@@ -180,14 +190,15 @@ def make_train_step(
             stats["entropy_threshold"] = high_entropy_threshold(entropy, mini.response_mask, quantile=quantile)
         if eda:
             stats["entropy_norm"] = entropy_normaliser(entropy, mini.response_mask)
-        return stats
+        return stats, entropy
 
     def minibatch_update(carry, mini: Batch, frozen=None):
         params = carry[0]
-        stats = entropy_stats(params, mini, frozen)
+        stats, pass_entropy = entropy_stats(params, mini, frozen)
 
-        def accumulate(acc, mb):
-            (loss_sum, (den, metrics, extra)), grads = grad_fn(params, mb, stats, frozen)
+        def accumulate(acc, xs):
+            mb, h = xs
+            (loss_sum, (den, metrics, extra)), grads = grad_fn(params, mb, stats, frozen, h)
             acc = jax.tree.map(jnp.add, acc, (grads, loss_sum, den, extra))
             return acc, metrics
 
@@ -197,7 +208,7 @@ def make_train_step(
             jnp.zeros((), jnp.float32),
             {"entropy_sum": jnp.zeros((), jnp.float32), "tokens": jnp.zeros((), jnp.float32)},
         )
-        (gsum, loss_sum, den, extra), metrics = jax.lax.scan(accumulate, zeros, mini)
+        (gsum, loss_sum, den, extra), metrics = jax.lax.scan(accumulate, zeros, (mini, pass_entropy))
         return apply_accumulated(tx, schedule, carry, gsum, loss_sum, den, extra, combine_stacked(metrics))
 
     def step_fn(state: TrainState, batch: Batch, frozen=None):
@@ -209,6 +220,15 @@ def make_train_step(
     from dapo_jax.parallel.mesh import jit_keeping_layout
 
     return jit_keeping_layout(step_fn, donate_argnums=0)  # the state keeps its layout: nothing recompiles
+
+
+def with_pass_values(entropy, pass_entropy):
+    """`entropy` with the values of `pass_entropy` (the no-gradient pass's, that the batch-level
+    statistics came from) and its own derivative: `h_pass + (h - stop_gradient(h))`, exactly `h_pass`
+    in value (`h - h` is 0 for finite h). `pass_entropy` None: `entropy` as it is."""
+    if pass_entropy is None:
+        return entropy
+    return pass_entropy + (entropy - jax.lax.stop_gradient(entropy))
 
 
 def finite_update(tx, gsum, den, opt_state, params, *, finite):

@@ -5,7 +5,8 @@ import pytest
 
 from dapo_jax.data.char_tokenizer import build_char_tokenizer
 from dapo_jax.data.datasets import Problem
-from dapo_jax.data.stream import PromptStream
+from dapo_jax.data.datasets import DataError
+from dapo_jax.data.stream import PromptStream, StreamMismatch
 
 TOK = build_char_tokenizer()
 PROBLEMS = [Problem(problem="x" * (1 + i % 7), answer=str(i), index=i) for i in range(23)]
@@ -41,7 +42,8 @@ def test_resume_continues_exactly(k, n):
     first = make(seed=7)
     before = [e.index for _ in range(k) for e in first.next_examples(n)]
     state = first.state_dict()
-    resumed = make(seed=7).load_state_dict(dict(state))
+    resumed = make(seed=7)
+    assert resumed.load_state_dict(dict(state)) == []
     after = [e.index for _ in range(6) for e in resumed.next_examples(n)]
     assert before + after == uninterrupted
     # every epoch is visited exactly once per index: no repeats or skips across epoch boundaries
@@ -53,13 +55,60 @@ def test_resume_continues_exactly(k, n):
 def test_state_dict_values_and_mismatch_errors():
     s = make(seed=3)
     s.next_examples(25)
-    assert s.state_dict() == {"epoch": 1, "index": 2, "seed": 3, "num_examples": 23}
-    with pytest.raises(ValueError, match="seed=3"):
-        make(seed=4).load_state_dict(s.state_dict())
-    with pytest.raises(ValueError, match="23 examples"):
-        make(seed=3, max_prompt_length=5).load_state_dict(s.state_dict())
-    with pytest.raises(KeyError, match="'epoch'"):
+    state = s.state_dict()
+    assert {k: state[k] for k in ("epoch", "index", "seed", "num_examples")} == \
+        {"epoch": 1, "index": 2, "seed": 3, "num_examples": 23}
+    with pytest.raises(StreamMismatch, match="data.seed=3 when the run started, 4 now"):
+        make(seed=4).load_state_dict(state)
+    with pytest.raises(StreamMismatch, match="23 prompts kept when the run started, 17 now"):
+        make(seed=3, max_prompt_length=5).load_state_dict(state)
+    with pytest.raises(StreamMismatch, match=r"lacks \['epoch', 'seed', 'num_examples'\]"):
         make(seed=3).load_state_dict({"index": 0})
+    with pytest.raises(StreamMismatch, match="position"):
+        make(seed=3).load_state_dict({**state, "index": 23})
+    assert issubclass(StreamMismatch, DataError)  # the CLI's one line and exit 2
+
+
+def reference_sha256(problems) -> str:
+    """The identity written out independently: SHA-256 over one JSON line [index, text, answer] per prompt."""
+    import hashlib
+    import json
+
+    text = "".join(json.dumps([p.index, p.problem, p.answer]) + "\n" for p in problems)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def test_the_state_names_its_prompts_and_a_same_size_edit_is_refused():
+    """A file edited in place with the same number of rows: the position would silently point into other
+    prompts. Refused by content, naming the source; `accept_changed` resumes and says what changed."""
+    source = {"key": "data.train", "name": "train.jsonl", "path": "/data/train.jsonl"}
+    s = make(seed=3, source=source)
+    s.next_examples(5)
+    state = s.state_dict()
+    assert state["sha256"] == reference_sha256(PROBLEMS) and state["source"] == source
+    edited = [*PROBLEMS[:4], Problem(problem=PROBLEMS[4].problem, answer="999", index=4), *PROBLEMS[5:]]
+    other = PromptStream(edited, TOK, max_prompt_length=8, seed=3, source=source)
+    with pytest.raises(StreamMismatch) as raised:
+        other.load_state_dict(state)
+    message = str(raised.value)
+    assert message.startswith("data.train (/data/train.jsonl): the data changed") and "same 23 prompts" in message
+    assert "data.accept_changed=true" in message and "\n" not in message
+    changed = other.load_state_dict(state, accept_changed=True)
+    assert len(changed) == 1 and "not in content" in changed[0] and other.index == 5
+    assert make(seed=3, source=source).load_state_dict(state) == []  # the same prompts: nothing to say
+
+
+def test_the_same_prompts_from_another_path_are_refused():
+    s = make(seed=3, source={"key": "data.train", "name": "train.jsonl", "path": "/a/train.jsonl"})
+    moved = make(seed=3, source={"key": "data.train", "name": "train.jsonl", "path": "/b/train.jsonl"})
+    with pytest.raises(StreamMismatch, match="read from /a/train.jsonl when the run started, from /b/train.jsonl now"):
+        moved.load_state_dict(s.state_dict())
+
+
+def test_a_state_saved_before_the_identity_resumes_unchecked():
+    old = {"epoch": 0, "index": 4, "seed": 3, "num_examples": 23}
+    s = make(seed=3, source={"key": "data.train", "name": "x", "path": "/x"})
+    assert s.load_state_dict(old) == [] and s.index == 4
 
 
 def test_next_batch_is_left_padded_to_a_bucket():

@@ -109,3 +109,72 @@ def test_a_config_override_after_data_files_is_an_override(capsys):
     # `--data a.jsonl model.dtype=...`: argparse's greedy list takes the override; eval gives it back
     assert main(["eval", "--model", str(TINY_BASE), "--data", "x/gsm8k.jsonl", "model.dtype=float8"]) == 2
     assert "model.dtype" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- a training run rotating its checkpoints
+@pytest.fixture(scope="module")
+def rotating_run(tmp_path_factory):
+    """A run with checkpoints 1 and 2 (keep 2), as a training run leaves them between two saves."""
+    from dapo_jax.training.config import load_config
+    from dapo_jax.training.loop import train
+
+    run_dir = tmp_path_factory.mktemp("rotating") / "run"
+    train(load_config(None, [f"train.run_dir={run_dir}", "train.steps=2", "rollout.G=4", "rollout.train_batch=4",
+                             "rollout.gen_batch=8", "data.eval_size=8", "train.eval_k=2", "train.checkpoint_every=1",
+                             "train.keep_checkpoints=2", "train.progress=false", "train.tensorboard=false"]))
+    return run_dir
+
+
+def copy_run(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_eval_of_the_newest_takes_the_next_newest_when_rotation_deleted_it_before_the_read(rotating_run, tmp_path,
+                                                                                          capsys):
+    run_dir = copy_run(rotating_run, tmp_path / "run")
+    target = resolve_target(run_dir)  # the newest: step 2 ...
+    assert target.checkpoint == run_dir / "checkpoints" / "2" and target.newest
+    import shutil
+
+    shutil.rmtree(run_dir / "checkpoints" / "2")  # ... deleted by the training run's rotation before it is read
+    capsys.readouterr()
+    report = run_eval(target, [])
+    assert report["step"] == 1 and report["model"] == f"{run_dir} (step 1)"
+    assert f"{run_dir / 'checkpoints' / '2'} was deleted while it was being read" in capsys.readouterr().err
+
+
+def test_eval_of_the_newest_takes_the_next_newest_when_rotation_deleted_it_during_the_read(rotating_run, tmp_path,
+                                                                                         monkeypatch, capsys):
+    """The files go away while Orbax reads them (the training run's rotation deletes the folder)."""
+    import shutil
+
+    from dapo_jax.training.checkpoint import Checkpointer
+
+    run_dir = copy_run(rotating_run, tmp_path / "run")
+    restore = Checkpointer.restore
+
+    def rotated_mid_read(self, step, *a, **k):
+        if step == 2:
+            shutil.rmtree(self.directory / "2")
+        return restore(self, step, *a, **k)
+
+    monkeypatch.setattr(Checkpointer, "restore", rotated_mid_read)
+    capsys.readouterr()
+    assert main(["eval", str(run_dir)]) == 0
+    captured = capsys.readouterr()
+    assert "was deleted while it was being read" in captured.err
+    assert json.loads(captured.out.strip().splitlines()[-1])["step"] == 1
+
+
+def test_an_explicit_checkpoint_that_disappears_is_an_error_not_a_substitute(rotating_run, tmp_path, capsys):
+    import shutil
+
+    run_dir = copy_run(rotating_run, tmp_path / "run")
+    target = resolve_target(run_dir, checkpoint=2)
+    assert not target.newest
+    shutil.rmtree(run_dir / "checkpoints" / "2")
+    with pytest.raises(FileNotFoundError):
+        run_eval(target, [])

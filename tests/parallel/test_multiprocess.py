@@ -1,12 +1,15 @@
 """Two processes (jax.distributed over localhost, one CPU device each, mesh fsdp=2) train as the
 one-process run on two devices does, each reading only its block of every generation batch; only
 process 0 writes; both are SIGKILLed after a checkpoint and the resumed pair ends where the
-uninterrupted run does.
+uninterrupted run does. A SIGTERM that reaches only one of them stops both at the same step with
+exit 143 (they agree at every step boundary; before, the pair deadlocked), and their resume ends
+where the others do. A process killed with SIGKILL is named by the survivor, which exits 7.
 
 One module-scoped fixture runs everything once: the one-process reference in this process (2 of its
 8 fake devices), and meanwhile the two-process run, killed once checkpoint 2 is on disk, then
-resumed by a second pair of processes. The tiny run uses DAPO's dynamic sampling with up to two
-generation rounds per step, so the processes must agree on every round.
+resumed by a second pair of processes; then a pair whose process 1 gets SIGTERM and a pair whose
+process 1 is SIGKILLed, side by side, and the resume of the first. The tiny run uses DAPO's dynamic
+sampling with up to two generation rounds per step, so the processes must agree on every round.
 """
 
 import json
@@ -37,7 +40,7 @@ EXTRA = {"train.steps": STEPS, "train.checkpoint_every": 1, "data.eval": "null",
          "train.tensorboard": "true", "train.rollouts_every": 1}
 COMPARED = ("reward_mean", "accuracy", "kept_fraction", "gen_rounds", "response_length_mean", "loss", "grad_norm",
             "entropy")
-TIMEOUT_S = 600
+TIMEOUT_S = 1200  # the whole fixture's bound, against a hang (the bug it tests was one)
 
 
 def _free_port() -> int:
@@ -70,7 +73,7 @@ def _wait(procs, deadline: float) -> None:
         for p, _, _ in procs:
             p.wait(timeout=max(deadline - time.time(), 1))
     except subprocess.TimeoutExpired:
-        pytest.fail(f"the two-process run did not finish in {TIMEOUT_S} s\n{_tail(procs)}")
+        pytest.fail(f"the two-process run did not finish within its bound\n{_tail(procs)}")
     finally:
         for p, _, _ in procs:
             if p.poll() is None:
@@ -112,7 +115,32 @@ def runs(tmp_path_factory):
     resumed_from = [int(line.split("resumed from step ")[1].split()[0]) for line in log.splitlines()
                     if "resumed from step " in line]
     assert resumed_from, log[-2000:]
-    return {"cfg": cfg, "one": one, "two": two, "first": first, "resumed": resumed, "resumed_from": resumed_from[0]}
+
+    # SIGTERM to process 1 only, once checkpoint 1 is on disk; meanwhile SIGKILL process 1 of another pair
+    term, peer = root / "term" / "run", root / "peer" / "run"
+    term.parent.mkdir(), peer.parent.mkdir()
+    termed, killed = _launch(model_dir, term, "termed"), _launch(model_dir, peer, "killed")
+    signalled = {}
+
+    def signal_process_1(procs, run_dir, sig, name):
+        while time.time() < deadline and all(p.poll() is None for p, _, _ in procs):
+            if (run_dir / "checkpoints" / "1").is_dir():
+                procs[1][0].send_signal(sig)
+                signalled[name] = time.time()
+                return
+            time.sleep(0.02)
+
+    threads = [threading.Thread(target=signal_process_1, args=(termed, term, signal.SIGTERM, "term")),
+               threading.Thread(target=signal_process_1, args=(killed, peer, signal.SIGKILL, "kill"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    _wait(termed + killed, min(deadline, time.time() + 300))  # after the signal: a bound against the deadlock
+    term_resumed = _launch(model_dir, term, "term_resumed")
+    _wait(term_resumed, deadline)
+    return {"cfg": cfg, "one": one, "two": two, "first": first, "resumed": resumed, "resumed_from": resumed_from[0],
+            "term": term, "termed": termed, "term_resumed": term_resumed, "killed": killed, "signalled": signalled}
 
 
 def _rows(run_dir: Path) -> list[dict]:
@@ -133,6 +161,40 @@ def test_two_processes_train_as_one_and_resume_after_sigkill_where_it_would_have
     assert step_a == step_b == STEPS
     for a, b in zip(params_a, params_b):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_sigterm_to_one_process_stops_both_at_the_same_step_and_the_resume_ends_where_the_others_do(runs):
+    """Preemption notices reach hosts at different moments: process 1 alone gets SIGTERM. Both save the
+    same step and exit 143 (before: process 1 went to save while process 0 started the next step, and
+    their collectives deadlocked until SIGKILL). The resumed pair ends with the same weights and
+    metrics as the pair killed and resumed above, and as the one-process reference."""
+    assert "term" in runs["signalled"], _tail(runs["termed"])
+    assert [p.returncode for p, _, _ in runs["termed"]] == [143, 143], _tail(runs["termed"])
+    logs = [log.read_text() for _, log, _ in runs["termed"]]
+    steps = [int(log.split("SIGTERM at step ")[1].split()[0]) for log in logs]
+    assert steps[0] == steps[1] and "reached process(es) [1] of 2" in logs[0], _tail(runs["termed"])
+    assert [p.returncode for p, _, _ in runs["term_resumed"]] == [0, 0], _tail(runs["term_resumed"])
+    assert f"resumed from step {steps[0]}" in runs["term_resumed"][0][1].read_text()  # the step both saved
+    term, two = _rows(runs["term"]), _rows(runs["two"])
+    assert [r["step"] for r in term] == [r["step"] for r in two] == list(range(1, STEPS + 1))
+    for key in COMPARED:
+        assert [r[key] for r in term] == [r[key] for r in two], key  # both resumed from checkpoints: bit-exact
+    _, params_term = _params(runs["cfg"], runs["term"])
+    _, params_two = _params(runs["cfg"], runs["two"])
+    for a, b in zip(params_term, params_two):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_killed_process_is_named_by_the_survivor_which_exits_at_once(runs):
+    """kill -9 of process 1: process 0 says in one line that process 1 is gone and exits 7, instead of a
+    traceback naming no process and a C++ abort (exit 134) after the 100 s heartbeat timeout."""
+    assert "kill" in runs["signalled"], _tail(runs["killed"])
+    (p0, log0, _), (p1, _, _) = runs["killed"]
+    assert p1.returncode == -signal.SIGKILL
+    assert p0.returncode == 7, _tail(runs["killed"])
+    lines = [line for line in log0.read_text().splitlines() if line.startswith("dapo-jax:")]
+    assert len(lines) == 1 and "PeerLost: process(es) [1] of the run's 2 stopped answering" in lines[0], lines
+    assert "Check failure stack trace" not in log0.read_text()
 
 
 def _params(cfg, run_dir: Path):

@@ -2,9 +2,13 @@
 meets (flipped bytes, truncated file, broken meta JSON, SIGKILL mid-save, NaN state) is detected,
 quarantined and healed, never loaded silently."""
 
+import errno
+import gc
+import os
 import random
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -296,3 +300,72 @@ def test_restore_onto_a_different_mesh(tmp_path):
     assert r.state["w"].sharding == target_sharding["w"]
     np.testing.assert_array_equal(np.asarray(r.state["w"]), np.asarray(state(5)["w"]))
     ckpt.close()
+
+
+# ----------------------------------------------------------------------------- a save that fails
+@pytest.mark.parametrize("code, says", [(errno.EROFS, "read-only [EROFS]"), (errno.ENOSPC, "no space left"),
+                                        (errno.EACCES, "permission denied [EACCES]")])
+def test_a_failed_async_save_is_reported_at_the_next_check_and_leaves_no_thread_waiting(tmp_path, monkeypatch,
+                                                                                      code, says):
+    """The folder of step 2's save cannot be made (the OSError Orbax's `mkdir` meets on a read-only, full
+    or unwritable folder): `check`, called at the next step boundary, raises one line naming the folder,
+    the cause and the last good checkpoint, Orbax's threads that wait for the failed save are released,
+    and checkpoint 1 restores."""
+    from dapo_jax.training.checkpoint import CheckpointSaveError
+
+    ckpt = Checkpointer(tmp_path, keep=3)
+    ckpt.save(1, state(1), meta={"x": 1})
+    ckpt.wait()
+    mkdir = os.mkdir
+
+    def failing_mkdir(path, *a, **k):
+        if "2.orbax-checkpoint-tmp" in os.fsdecode(path):
+            raise OSError(code, os.strerror(code), os.fsdecode(path))
+        return mkdir(path, *a, **k)
+
+    monkeypatch.setattr(os, "mkdir", failing_mkdir)
+    with pytest.raises(CheckpointSaveError) as raised:
+        ckpt.save(2, state(2), meta={"x": 2})
+        for _ in range(600):  # the save fails in Orbax's background thread; a step boundary sees it
+            ckpt.check()
+            time.sleep(0.05)
+    message = str(raised.value)
+    assert says in message and str(tmp_path) in message and f"{tmp_path}/1, intact" in message
+    assert "\n" not in message and raised.value.exit_code == 6
+    with pytest.raises(CheckpointSaveError):  # every later call says the same, nothing is retried
+        ckpt.check()
+    ckpt.__exit__(CheckpointSaveError, raised.value, None)  # as the trainer's `with` does: nothing waited for
+    monkeypatch.undo()
+    deadline = time.monotonic() + 30  # a bound against a hang, not a speed assertion
+    while time.monotonic() < deadline and _orbax_threads_waiting():
+        time.sleep(0.05)
+    assert not _orbax_threads_waiting()
+    del ckpt, raised
+    with warnings.catch_warnings():  # the cancelled threads' coroutines, never run, are collected here
+        warnings.simplefilter("ignore", RuntimeWarning)
+        gc.collect()
+    again = Checkpointer(tmp_path)
+    assert again.all_steps() == [1]
+    assert_same(again.restore_latest(state(0)).state, state(1))
+    again.close()
+
+
+def _orbax_threads_waiting() -> list[str]:
+    from orbax.checkpoint._src.futures import future
+
+    return [t.name for t in threading.enumerate() if isinstance(t, future._SignalingThread) and t.is_alive()]
+
+
+def test_save_failure_causes_come_from_oserrors_and_tensorstore_messages(tmp_path):
+    from dapo_jax.training.checkpoint import save_failure
+
+    tensorstore = ValueError('RESOURCE_EXHAUSTED: Error writing "w/0" in OCDBT database at local file "x": Failed to '
+                             "write 5378048 bytes to file 11: No space left on device [os_error_code='28']")
+    e = save_failure(tmp_path, 4, tensorstore, 3)
+    assert "no space left on the device" in str(e) and "[ENOSPC]" in str(e) and f"{tmp_path}/3" in str(e)
+    wrapped = RuntimeError("commit failed")
+    wrapped.__cause__ = OSError(errno.EROFS, "Read-only file system")
+    assert "read-only [EROFS]" in str(save_failure(tmp_path, 4, wrapped, None))
+    assert "no checkpoint was completed" in str(save_failure(tmp_path, 1, wrapped, None))
+    other = str(save_failure(tmp_path, 4, RuntimeError("odd\nsecond line"), 2))
+    assert "RuntimeError: odd;" in other and "second line" not in other

@@ -74,6 +74,36 @@ def test_missing_file_and_bad_reward_option_fail_before_the_run_dir(tiny_model_d
         assert_nothing_written(tmp_path / d)
 
 
+def test_resume_on_changed_data_is_refused_in_one_line_unless_accepted(tiny_model_dir, tmp_path, overrides_for,
+                                                                      capsys, monkeypatch):
+    """The data file is edited in place keeping its row count, or the relative data path is resumed from
+    another working directory: either would silently resume on another prompt stream."""
+    rows = [{"question": f"{i}+1=", "answer": f"#### {i + 1}"} for i in range(16)]
+    first, second = tmp_path / "a", tmp_path / "b"
+    for d in (first, second):
+        d.mkdir()
+        (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run_dir = tmp_path / "run"
+
+    def args(steps, *extra):
+        return [*gsm8k_overrides(overrides_for, model_dir=tiny_model_dir, run_dir=run_dir, file="train.jsonl"),
+                f"train.steps={steps}", *extra]
+
+    monkeypatch.chdir(first)
+    assert train_rc(args(1), capsys)[0] == 0
+    rows[3]["answer"] = "#### 5"  # same number of rows, another answer
+    (first / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rc, err, _ = train_rc(args(2), capsys)
+    assert rc == 2 and f"data.train ({first / 'train.jsonl'}): the data changed" in err and "not in content" in err
+    assert [r["step"] for r in read_metrics(run_dir) if "loss" in r] == [1]  # nothing trained on the edited file
+    rc, err, out = train_rc(args(2, "data.accept_changed=true"), capsys)
+    assert rc == 0, err
+    assert "resuming on changed data (data.accept_changed=true): data.train: the same 16 prompts" in out
+    monkeypatch.chdir(second)  # the same relative path now names another file
+    rc, err, _ = train_rc(args(3), capsys)
+    assert rc == 2 and f"read from {first / 'train.jsonl'} when the run started, from {second / 'train.jsonl'} now" in err
+
+
 def test_infinite_learning_rate_is_refused_by_name(tiny_model_dir, tmp_path, overrides_for, capsys):
     rc, err, _ = train_rc(overrides_for(tiny_model_dir, tmp_path / "run", **{"optim.lr": ".inf"}), capsys)
     assert rc == 2 and "optim.lr" in err
@@ -226,11 +256,69 @@ def test_resume_says_where_it_resumed(tiny_model_dir, tmp_path, overrides_for, c
     assert rc == 0 and "resumed from step 1" in out
 
 
+def test_a_torn_or_missing_metrics_file_loses_no_row_after_the_resume(tiny_model_dir, tmp_path, overrides_for, capsys):
+    """Power lost while the last row was written (the file cut in the middle of its last line), then
+    metrics.jsonl deleted: the resumed run's rows all land on lines of their own, and each case is warned of."""
+    run_dir = tmp_path / "run"
+    assert train_rc(overrides_for(tiny_model_dir, run_dir, **{"train.steps": 1}), capsys)[0] == 0
+    metrics = run_dir / "metrics.jsonl"
+    metrics.write_bytes(metrics.read_bytes()[:-20])
+    with pytest.warns(RuntimeWarning, match="torn line"):
+        rc, err, _ = train_rc(overrides_for(tiny_model_dir, run_dir, **{"train.steps": 2}), capsys)
+    assert rc == 0, err
+    assert all(json.loads(line) for line in metrics.read_text().splitlines())  # every line a whole row
+    assert 2 in [r["step"] for r in read_metrics(run_dir) if "loss" in r]
+    assert len(list(run_dir.glob("metrics.jsonl.torn-*"))) == 1
+    metrics.unlink()
+    with pytest.warns(RuntimeWarning, match="missing although the run resumes from step 2"):
+        rc, err, _ = train_rc(overrides_for(tiny_model_dir, run_dir, **{"train.steps": 3}), capsys)
+    assert rc == 0, err
+    assert [r["step"] for r in read_metrics(run_dir) if "loss" in r] == [3]
+
+
 def test_zero_steps_evaluates_once(tiny_model_dir, tmp_path, overrides_for, capsys):
     run_dir = tmp_path / "run"
     assert train_rc(overrides_for(tiny_model_dir, run_dir, **{"train.steps": 0}), capsys)[0] == 0
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [0]
+
+
+# ----------------------------------------------------------------------------- a checkpoints folder that stops taking writes
+def can_mount() -> bool:
+    """Whether this machine lets an unprivileged process make a user + mount namespace (`unshare -rm`)."""
+    try:
+        return subprocess.run(["unshare", "-rm", "true"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+@pytest.mark.parametrize("mode, cause", [("readonly", "the file system is read-only [EROFS]"),
+                                         ("full", "no space left on the device")])
+def test_a_checkpoints_folder_that_fails_stops_the_run_at_the_next_step_in_one_line(
+        tiny_model_dir, tmp_path, overrides_for, mode, cause):
+    """After checkpoint 3, the checkpoints folder is remounted read-only, or the small device it is on is
+    filled by another writer (`tests/training/save_faults.py`; an OSError injected at Python's file
+    system calls where no mount can be made). Step 6's async save fails: the run stops at the next
+    step boundary, not at the next save (step 9), with one line and exit 6, and checkpoint 3 loads."""
+    from dapo_jax.training.config import load_config
+    from dapo_jax.training.loop import load_trained_model
+
+    run_dir, keep = tmp_path / "run", tmp_path / "kept"
+    ckpt_dir = run_dir / "checkpoints"
+    how = "mount" if can_mount() else "inject"
+    args = overrides_for(tiny_model_dir, run_dir, **{"train.steps": 9, "train.checkpoint_every": 3, "data.eval": "null"})
+    cmd = [sys.executable, "-m", "tests.training.save_faults", mode, how, str(ckpt_dir), str(keep), "train", "tiny_dapo",
+           *args]
+    proc = subprocess.run(["unshare", "-rm", *cmd] if how == "mount" else cmd, cwd=REPO, capture_output=True, text=True,
+                          timeout=400)  # a bound against a hang (the bug: it never exited), not a speed check
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("dapo-jax:")]
+    assert proc.returncode == 6, proc.stderr[-3000:]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert f"could not save step 6 in {ckpt_dir}: {cause}" in lines[0] and f"{ckpt_dir}/3, intact" in lines[0]
+    assert 7 <= max(r["step"] for r in read_metrics(run_dir)) < 9
+    kept = keep if how == "mount" and mode == "full" else ckpt_dir  # a tmpfs goes with its namespace
+    _, _, step = load_trained_model(load_config(run_dir / "config.yaml"), kept)
+    assert step == 3
 
 
 # ----------------------------------------------------------------------------- starvation and dropped prompts
@@ -282,6 +370,26 @@ def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes(tiny_model_dir, tmp
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"resumed from step {saved}" in done.stdout
+
+
+def test_sigterm_before_the_first_step_exits_at_once_with_nothing_to_save(tiny_model_dir, tmp_path, overrides_for):
+    """A SIGTERM while the run still compiles (the scheduler's grace period is often 30 s): nothing to save
+    yet, so the process ends at once, saying so, instead of after eval@0, the compile and step 1."""
+    run_dir = tmp_path / "run"
+    args = overrides_for(tiny_model_dir, run_dir, **{"train.steps": 400, "train.checkpoint_every": 0})
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "DAPO_JAX_COMPILATION_CACHE": "off"}  # the first compile is long
+    proc = subprocess.Popen([sys.executable, "-m", "dapo_jax.cli", "train", "tiny_dapo", *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None and not (run_dir / "config.yaml").exists():
+        time.sleep(0.02)  # the run really starts (its config is written), then compiles eval@0 and step 1
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)  # a bound against a hang, not a speed check
+    assert proc.returncode == 143, err[-2000:]
+    assert "SIGTERM before the first step completed: nothing to save" in err
+    rows = read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []
+    assert not [r for r in rows if r["step"] >= 1]  # it did not go on to train step 1
+    assert not any(p.name.isdigit() for p in (run_dir / "checkpoints").glob("*"))
 
 
 def test_a_mesh_that_leaves_devices_idle_says_so(capsys):

@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from dapo_jax.training.guards import NonFiniteError, NonFiniteMonitor, Preempted, Preemption, RunStopped
+from dapo_jax.training.guards import NonFiniteError, NonFiniteMonitor, Preempted, Preemption, RunStopped, StepBoundary
 
 
 def test_monitor_stops_on_the_kth_consecutive_bad_step_only():
@@ -32,3 +32,46 @@ def test_sigterm_sets_the_flag_and_the_old_handler_comes_back():
         os.kill(os.getpid(), signal.SIGTERM)
         assert pre.requested
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+class FakeCheckpointer:
+    directory = "/runs/x/checkpoints"
+
+    def __init__(self, error=None):
+        self.error = error
+
+    def check(self):
+        if self.error is not None:
+            raise self.error
+
+
+def test_the_step_boundary_stops_for_a_sigterm_or_a_failed_save_and_arms_the_preemption():
+    from dapo_jax.training.checkpoint import CheckpointSaveError
+
+    pre = Preemption(exit_until_armed=True)
+    boundary = StepBoundary(pre, FakeCheckpointer())
+    assert not pre.armed and not boundary.should_stop(1) and pre.armed  # a step is done: something to save
+    pre.requested = True
+    assert boundary.should_stop(2) and boundary.signalled == [0]
+    assert "SIGTERM at step 2: checkpoint saved in /runs" in str(boundary.preempted(2, "/runs/x/checkpoints"))
+    failed = CheckpointSaveError("could not save step 2 in /runs/x/checkpoints: read-only")
+    with pytest.raises(CheckpointSaveError, match="read-only"):  # a failed save wins over the SIGTERM
+        StepBoundary(pre, FakeCheckpointer(failed)).should_stop(3)
+    assert failed.exit_code == 6 and failed.abandon_saves
+
+
+def test_sigterm_before_arming_ends_the_process_at_once_even_inside_a_long_c_call():
+    """The watcher thread, woken through the signal's wakeup fd, ends the process while the main thread
+    is still busy (here in a long sleep, which the flag alone would not end; in a run, an XLA compile,
+    during which the main thread runs no Python signal handler at all)."""
+    import subprocess
+    import sys
+
+    code = ("import os, signal, time; from dapo_jax.training.guards import Preemption\n"
+            "with Preemption(exit_until_armed=True):\n"
+            "    print('ready', flush=True); time.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)  # a bound against a hang: the sleep alone is 120 s
+    assert proc.returncode == 143 and "SIGTERM before the first step completed: nothing to save" in err

@@ -1,10 +1,12 @@
 """metrics.jsonl: one flushed JSON line per write, TensorBoard scalars, resumed steps deduplicated, compile counter."""
 
 import json
+import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from dapo_jax.training.metrics import MetricsWriter, compile_count, read_metrics
 
@@ -48,3 +50,49 @@ def test_disabled_writer_writes_nothing(tmp_path):
     writer.close()
     assert row == {"step": 3, "loss": 1.5}
     assert not (tmp_path / "run").exists()
+
+
+def test_a_torn_last_line_is_set_aside_and_the_next_row_is_kept(tmp_path):
+    """Power lost mid-write: metrics.jsonl ends in half a row. Appending to it would glue the next row onto
+    the fragment and lose it; the writer cuts the fragment (kept aside) first, with a warning."""
+    whole = [json.dumps({"step": s, "loss": 0.5 * s}) for s in (1, 2)]
+    text = "\n".join(whole) + "\n" + json.dumps({"step": 3, "loss": 1.5})
+    torn = text[: len(text) - 7]  # step 3's row cut 7 bytes before its end
+    (tmp_path / "metrics.jsonl").write_text(torn)
+    with pytest.warns(RuntimeWarning, match="torn line"):
+        w = MetricsWriter(tmp_path, tensorboard=False)
+    w.write(3, {"loss": 1.5})
+    w.close()
+    assert (tmp_path / "metrics.jsonl").read_text() == "\n".join(whole) + "\n" + '{"step": 3, "loss": 1.5}\n'
+    [aside] = tmp_path.glob("metrics.jsonl.torn-*")
+    assert aside.read_text() == torn[len("\n".join(whole)) + 1:]
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]
+
+
+def test_a_whole_last_row_without_its_newline_is_kept(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}')  # killed between the row and "\n"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        w = MetricsWriter(tmp_path, tensorboard=False)
+    w.write(2, {"loss": 1.0})
+    w.close()
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
+    assert not list(tmp_path.glob("metrics.jsonl.torn-*"))
+
+
+def test_a_torn_line_longer_than_a_read_block_and_a_file_of_one_fragment(tmp_path):
+    long_row = json.dumps({"step": 1, "text": "x" * 200_000})
+    (tmp_path / "metrics.jsonl").write_text(long_row[:150_000])  # no newline at all
+    with pytest.warns(RuntimeWarning, match="150000 bytes"):
+        MetricsWriter(tmp_path, tensorboard=False).close()
+    assert (tmp_path / "metrics.jsonl").read_text() == ""
+    [aside] = tmp_path.glob("metrics.jsonl.torn-*")
+    assert aside.read_text() == long_row[:150_000]
+
+
+def test_a_missing_metrics_file_on_resume_is_warned_of(tmp_path):
+    with pytest.warns(RuntimeWarning, match="missing although the run resumes from step 4"):
+        MetricsWriter(tmp_path, tensorboard=False, resumed_from=4).close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        MetricsWriter(tmp_path / "new", tensorboard=False, resumed_from=0).close()

@@ -1,5 +1,6 @@
 """The packed (padding-free) update equals the unpacked one: loss, gradient, new params, metrics."""
 
+import contextlib
 from pathlib import Path
 
 import jax
@@ -281,3 +282,42 @@ def test_training_with_packing_runs_and_compiles_once(tmp_path, mesh):
     # holds the end-of-run checkpoint's per-shard copies on a mesh) is `eval/compilations`
     counts = [r["compilations"] for r in steps]
     assert len(counts) == 3 and counts[2] == counts[1] == counts[0], counts
+
+
+def test_packed_tied_entropies_keep_the_same_tokens_at_every_micro_batching_and_on_a_mesh():
+    """The packed update's high-entropy mask under G-way ties at the threshold (tests/training/entropy_ties.py):
+    the chunks compare the no-gradient pass's entropies, so every tied token is kept, and the kept fraction,
+    the loss and the update equal the whole batch's float64 reference at micro_batches 1, 2, 4 and with
+    the chunks laid out over 2 devices."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from dapo_jax.objectives.config import ObjectiveConfig
+    from dapo_jax.parallel.host import to_global
+    from dapo_jax.parallel.mesh import batch_sharding, make_mesh
+    from tests.training import entropy_ties as ties
+
+    model = ties.model()
+    batch = ties.batch(model.config.vocab_size)
+    ref = ties.reference(model, batch)
+    objective = ObjectiveConfig(high_entropy_quantile=ref["q"], eps_low=ties.EPS_LOW, eps_high=ties.EPS_HIGH)
+    graphdef, params = nnx.split(model)
+    tx = optax.sgd(0.1)
+    unpacked = make_train_step(graphdef, tx, optax.constant_schedule(0.1), objective=objective)
+    expected, _ = unpacked(init_train_state(jax.tree.map(jnp.copy, params), tx), batch)
+    mesh = make_mesh(1, 2, 1, devices=jax.devices()[:2])
+    for micro, on_mesh in ((1, False), (2, False), (4, False), (2, True)):
+        state = init_train_state(jax.tree.map(jnp.copy, params), tx)
+        b, kw = batch, {}
+        if on_mesh:
+            state = jax.device_put(state, NamedSharding(mesh, PartitionSpec()))
+            b = jax.device_put(batch, batch_sharding(mesh))
+            kw = {"put": lambda x: to_global(x, batch_sharding(mesh)), "row_multiple": 2}
+        packed = make_packed_train_step(graphdef, tx, optax.constant_schedule(0.1), objective=objective,
+                                        micro_batches=micro, chunk_rows=ties.G, **kw)
+        with jax.set_mesh(mesh) if on_mesh else contextlib.nullcontext():
+            state, metrics = packed(state, b)
+        where = f"micro_batches={micro}{' on 2 devices' if on_mesh else ''}"
+        np.testing.assert_allclose(float(metrics["high_entropy_kept"]), ref["kept_fraction"], rtol=1e-6, err_msg=where)
+        np.testing.assert_allclose(float(metrics["loss"]), ref["loss"], rtol=1e-4, err_msg=where)
+        for a, b_ in zip(jax.tree.leaves(state.params), jax.tree.leaves(expected.params)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b_), rtol=1e-4, atol=1e-6, err_msg=where)

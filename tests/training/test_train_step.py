@@ -275,3 +275,51 @@ def test_layer_scan_update_on_a_mesh_equals_the_layer_loop_on_one_device():
     for a, b in zip(leaves(loop.params), leaves(scan.params)):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=2e-5)
     assert any(not x.sharding.is_fully_replicated for x in jax.tree.leaves(scan.params))
+
+
+def test_tied_entropies_keep_the_same_tokens_at_every_micro_batching_and_on_a_mesh():
+    """The high-entropy mask under ties (issue: 8 of 22 tokens kept with one micro-batch, 5 with two,
+    when the threshold came from one pass and the compared entropies from the gradient pass). The
+    threshold falls on a G-way tie of first-token entropies: every tied token is kept, and the loss,
+    the kept fraction and the update equal the whole batch's NumPy float64 reference at micro_batches
+    1, 2 and 4 and on a 2-device mesh."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from dapo_jax.objectives.config import ObjectiveConfig
+    from dapo_jax.parallel.mesh import batch_sharding, make_mesh
+    from tests.training import entropy_ties as ties
+
+    model = ties.model()
+    batch = ties.batch(model.config.vocab_size)
+    ref = ties.reference(model, batch)
+    assert ref["ties_kept"] == ties.G and 0 < ref["kept_fraction"] < 1
+    objective = ObjectiveConfig(high_entropy_quantile=ref["q"], eps_low=ties.EPS_LOW, eps_high=ties.EPS_HIGH)
+    graphdef, params = nnx.split(model)
+    tx = optax.sgd(0.1)  # new params = params - 0.1 * grad
+
+    def ref_loss(params):  # the reference mask, differentiated by plain jax.grad over the whole batch
+        from dapo_jax.models.logprobs import response_logprobs
+
+        logp, _ = response_logprobs(nnx.merge(graphdef, params), batch.prompt_ids, batch.prompt_mask,
+                                    batch.response_ids, batch.response_mask, temperature=1.0)
+        ratio = jnp.exp(logp - batch.old_logp)
+        adv = batch.advantages
+        ell = -jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - ties.EPS_LOW, 1 + ties.EPS_HIGH) * adv)
+        return jnp.sum(ell * ref["keep"]) / ref["keep"].sum()
+
+    expected = leaves(jax.tree.map(lambda p, g: p - 0.1 * g, params, jax.grad(ref_loss)(params)))
+    mesh = make_mesh(1, 2, 1, devices=jax.devices()[:2])
+    for micro, on_mesh in ((1, False), (2, False), (4, False), (2, True)):
+        state = init_train_state(jax.tree.map(jnp.copy, params), tx)
+        b = batch
+        if on_mesh:
+            state = jax.device_put(state, NamedSharding(mesh, PartitionSpec()))
+            b = jax.device_put(batch, batch_sharding(mesh))
+        step = make_train_step(graphdef, tx, optax.constant_schedule(0.1), objective=objective, micro_batches=micro)
+        with jax.set_mesh(mesh) if on_mesh else contextlib.nullcontext():
+            state, metrics = step(state, b)
+        where = f"micro_batches={micro}{' on 2 devices' if on_mesh else ''}"
+        np.testing.assert_allclose(float(metrics["high_entropy_kept"]), ref["kept_fraction"], rtol=1e-6, err_msg=where)
+        np.testing.assert_allclose(float(metrics["loss"]), ref["loss"], rtol=1e-4, err_msg=where)
+        for a, b_ in zip(leaves(state.params), expected):
+            np.testing.assert_allclose(a, b_, rtol=1e-4, atol=1e-6, err_msg=where)

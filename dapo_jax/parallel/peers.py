@@ -1,0 +1,99 @@
+"""Another process of a multi-process run is gone: say which one, and stop.
+
+    with PeerWatch():      # a daemon thread bumps this process's counter in JAX's key-value store
+        ...                # an exception while a peer has stopped answering becomes PeerLost (exit 7)
+
+A process that dies (the OOM killer, a lost host, kill -9) makes the others' next collective fail
+(Gloo: "Connection reset by peer"; the training loop runs one every step), a traceback that names no
+process. Left alone, the survivor's exit then waits for the dead one in JAX's shutdown barrier until
+the coordination service's heartbeat timeout (100 s) and ends in a C++ abort with a stack dump
+(exit 134). PeerWatch turns it into one line that names the lost processes: each process bumps its
+own key `dapo_jax/alive/<i>` every `beat_s` seconds; when an exception leaves the block, the peers
+whose counter stood still for `settle_s` seconds are the lost ones (all of them, when the store
+itself, which lives in process 0, cannot be reached). `PeerLost` asks the checkpointer not to wait
+for a save that needs the dead process, and the CLI exits at once (`os._exit`), skipping the
+shutdown barrier.
+
+Not covered: the death of process 0, the coordinator. The JAX client of every other process aborts
+at once from C++ when its connection to the coordination service breaks (JAX's own message, exit
+134): no Python code runs. A survivor that waits outside a collective (an NCCL collective that hangs
+instead of failing) is ended by JAX's heartbeat timeout the same way.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import jax
+
+from dapo_jax.training.guards import RunStopped
+
+KEY = "dapo_jax/alive/{}"
+
+
+class PeerLost(RunStopped):
+    """Another process of the run is gone; this one stops too (exit 7)."""
+
+    exit_code = 7
+    abandon_saves = True
+
+
+def _client():
+    """JAX's distributed runtime client (its key-value store), or None in a one-process run."""
+    from jax._src import distributed  # no public accessor; Orbax reads it the same way
+
+    return distributed.global_state.client
+
+
+class PeerWatch:
+    def __init__(self, *, beat_s: float = 1.0, settle_s: float = 3.0):
+        self.beat_s, self.settle_s = beat_s, settle_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.client = None
+
+    def __enter__(self) -> "PeerWatch":
+        if jax.process_count() > 1 and _client() is not None:
+            self.client = _client()
+            self.me, self.n = jax.process_index(), jax.process_count()
+            self._beat()  # the first beat before anyone can ask
+            self._thread = threading.Thread(target=self._run, name="dapo-jax-alive", daemon=True)
+            self._thread.start()
+        return self
+
+    def _beat(self, count: int = 0) -> None:
+        self.client.key_value_set(KEY.format(self.me), str(count), allow_overwrite=True)
+
+    def _run(self) -> None:
+        count = 1
+        while not self._stop.wait(self.beat_s):
+            try:
+                self._beat(count)
+            except Exception:  # noqa: BLE001 - the store is gone (process 0 died): nothing left to tell
+                return
+            count += 1
+
+    def lost(self) -> list[int]:
+        """The other processes whose counter did not move in `settle_s` seconds (every other process
+        when the store cannot be read)."""
+        others = [p for p in range(self.n) if p != self.me]
+        try:
+            before = {p: self.client.key_value_try_get(KEY.format(p)) for p in others}
+            time.sleep(self.settle_s)
+            after = {p: self.client.key_value_try_get(KEY.format(p)) for p in others}
+        except Exception:  # noqa: BLE001 - the coordination service (in process 0) is unreachable
+            return others
+        return [p for p in others if after[p] is None or after[p] == before[p]]
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._stop.set()
+        if self.client is None or exc is None or isinstance(exc, (RunStopped, KeyboardInterrupt)):
+            return
+        lost = self.lost()
+        if lost:
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            raise PeerLost(f"process(es) {lost} of the run's {self.n} stopped answering (killed, out of memory or "
+                           f"a lost host?), so process {self.me} stops too; what it saw: {type(exc).__name__}: "
+                           f"{first}. Rerun the same command on every process to resume from the last "
+                           f"checkpoint") from exc
