@@ -38,7 +38,7 @@ from dapo_jax.training.lora import PolicyWeights
 from dapo_jax.training.metrics import MetricsWriter, compile_count
 from dapo_jax.training.packed_step import make_packed_train_step
 from dapo_jax.training.overlap import Prefetched, Prefetcher, pack, unpack
-from dapo_jax.training.rollout import Groups, StreamedRounds, collect_groups
+from dapo_jax.training.rollout import Groups, StreamedRounds, collect_groups, part_means
 from dapo_jax.training.rollout_log import RolloutLog
 from dapo_jax.training.run_dir import RunDir
 from dapo_jax.training.train_step import Batch, TrainState, init_train_state, make_logprob_fn, make_optimizer, make_train_step
@@ -143,7 +143,6 @@ def train(cfg: RunConfig) -> dict:
 
     from dapo_jax.objectives.loss import compute_advantages, dynamic_sampling_keep, shape_rewards, token_kl
     from dapo_jax.objectives.process import StepRewards
-    from dapo_jax.rewards.steps import make_step_scorer
     from dapo_jax.parallel.mesh import batch_divisor, batch_sharding
     from dapo_jax.parallel.process_data import ProcessShare, start_processes
     from dapo_jax.sampling.continuous import ContinuousSampler, default_refill
@@ -160,8 +159,9 @@ def train(cfg: RunConfig) -> dict:
 
     tokenizer = load_tokenizer(cfg)
     stream, eval_stream, scorer = sources.make_data(cfg, tokenizer, objective)
-    # process supervision (objectives.md §12): the first reward function's step rewards (rewards/steps.py)
-    step_scorer = make_step_scorer(cfg.reward.functions[0].name, tokenizer) if objective.needs_step_rewards else None
+    # process supervision (objectives.md §12): a process reward model's step rewards, else the first reward
+    # function's rule steps (rewards/steps.py)
+    step_scorer = scorer.step_scorer(tokenizer) if objective.needs_step_rewards else None
     if stream.num_skipped and main:
         warnings.warn(f"{stream.num_skipped} of {stream.num_skipped + len(stream)} training prompts are longer than "
                       f"data.max_prompt_length={cfg.data.max_prompt_length} tokens and are dropped", RuntimeWarning)
@@ -170,6 +170,7 @@ def train(cfg: RunConfig) -> dict:
     with run_dir, Preemption() as preemption, jax.set_mesh(mesh), contextlib.ExitStack() as cleanup:
         run_dir.check_same_config()
         model = load_model(cfg, mesh, tokenizer)
+        scorer.load(mesh, dtype=cfg.model.dtype)  # learned reward models (rewards/reward_model.py): frozen, on the mesh
         policy, params = PolicyWeights.build(model, cfg.lora, seed=cfg.train.seed, mesh=mesh)  # LoRA: adapters only
         graphdef, model_cfg = policy.graphdef, model.config
         ref_params = policy.reference(params) if objective.needs_reference else None
@@ -197,6 +198,11 @@ def train(cfg: RunConfig) -> dict:
         critic = Critic.build(cfg, mesh) if objective.uses_critic else None  # PPO / VAPO's value model
 
         recompute_old_logp = cfg.recompute_old_logp  # follows precision unless set (RunConfig.recompute_old_logp)
+        # multi_reward normalize_then_sum: each function's reward [P, G, K] is normalised in its group on the
+        # device (rewards/pipeline.py), with the weights of reward.functions
+        parts_on_device = objective.multi_reward == "normalize_then_sum"
+        adv_objective = objective.model_copy(update={"reward_weights": tuple(float(w) for w in scorer.weights)}) \
+            if parts_on_device else objective
 
         @jax.jit
         def prepare(params, ref_params, prompt_ids, prompt_mask, response_ids, response_mask, old_logp,
@@ -216,7 +222,7 @@ def train(cfg: RunConfig) -> dict:
                           old_logp, None, ref_logp, behaviour_logp if objective.needs_behaviour_logp else None)
             if critic is not None:  # GAE on the critic's values, VAPO's NLL weights (training/critic.py)
                 return critic.prepare(critic_params, batch, rewards, valid, correct, kl)
-            adv = compute_advantages(objective, rewards if steps is None else steps, response_mask, kl, valid=valid)
+            adv = compute_advantages(adv_objective, rewards if steps is None else steps, response_mask, kl, valid=valid)
             adv = jnp.broadcast_to(adv[..., None] if adv.ndim == 2 else adv, response_mask.shape) * response_mask
             return batch._replace(advantages=adv), None
 
@@ -261,14 +267,17 @@ def train(cfg: RunConfig) -> dict:
             p, g, t = out.response_ids.shape
             texts = sources.decode_responses(tokenizer, out.response_ids.reshape(p * g, t),
                                              out.response_mask.reshape(p * g, t))
-            rewards, correct, _ = scorer(texts, [a for a in prompts.answers for _ in range(g)])
+            scored = scorer.score(texts, [a for a in prompts.answers for _ in range(g)],
+                                  prompts=[x for x in prompts.texts for _ in range(g)])  # rewards/pipeline.py
+            rewards, correct = scored.rewards, scored.correct
             steps = step_scorer(out.response_ids, out.response_mask, prompts.texts, prompts.answers) if step_scorer else {}
             shaped, mask = shape_rewards(objective, rewards.reshape(p, g), out.lengths, out.truncated,
                                          out.response_mask)
             groups = share.gather(Groups(ids, pmask, out.response_ids, np.asarray(mask, np.float32), out.logprobs,
                                          np.asarray(shaped, np.float32), correct.reshape(p, g), out.lengths,
                                          out.truncated, np.ones(p, bool), np.zeros(p, np.int32), entropy=out.entropy,
-                                         **steps), r.gen_batch)  # every process: the whole round, in row order
+                                         reward_parts=scored.parts.reshape(p, g, -1), **steps),
+                                  r.gen_batch)  # every process: the whole round, in row order
             if group_filter is not None:
                 groups.selected = group_filter.select(groups.rewards, groups.lengths)
             return groups
@@ -331,7 +340,8 @@ def train(cfg: RunConfig) -> dict:
                 # GFPO's dropped responses leave the loss, its denominator and the advantages' statistics
                 sel = groups.selected
                 host = (groups.prompt_ids, groups.prompt_mask, groups.response_ids, groups.response_mask * sel[..., None],
-                        groups.old_logp, groups.rewards, groups.valid[:, None] & sel)
+                        groups.old_logp, groups.reward_parts if parts_on_device else groups.rewards,
+                        groups.valid[:, None] & sel)
                 steps = StepRewards(groups.step_rewards, groups.step_ends, groups.step_mask) if step_scorer else None
                 critic_in = {} if critic is None else {
                     "critic_params": run.critic.params, "correct": to_global(groups.correct, batch_sharding(mesh))}
@@ -349,7 +359,7 @@ def train(cfg: RunConfig) -> dict:
             t2 = time.perf_counter()
             rollouts.write(step, groups, batch.advantages if groups.valid.any() else None)
             run.step = step
-            row = {**stats, **m, **counters(),
+            row = {**stats, **m, **counters(), **part_means(groups, scorer.part_names),
                    "rollout_tokens_per_s": stats.get("rollout_tokens", 0.0) / max(stats["rollout_busy_s"], 1e-9),
                    "update_tokens_per_s": float(m.get("update_tokens", 0.0)) / max(t2 - t1, 1e-9),
                    "rollout_time_s": t1 - t0, "update_time_s": t2 - t1, "step_time_s": t2 - t0,
