@@ -217,7 +217,9 @@ class LearnedReward:
         `(params, (ids, mask), score_fn)`: the parameters as `jax.ShapeDtypeStruct`s with their
         `NamedSharding`s (an `nnx.State`), one device call's inputs `[rows, max_length]` int32 laid out
         over the batch shards, and the jitted program (`score_fn.lower(params, ids, mask)` compiles it)."""
-        from dapo_jax.models.classifier import Classifier, classifier_shardings
+        from jax.sharding import NamedSharding
+
+        from dapo_jax.models.classifier import Classifier, classifier_partition_spec
         from dapo_jax.models.config import ModelConfig
         from dapo_jax.models.decoder import Decoder
         from dapo_jax.parallel.mesh import batch_divisor, batch_sharding
@@ -226,8 +228,9 @@ class LearnedReward:
         abstract = nnx.eval_shape(lambda: Classifier(Decoder(config, rngs=nnx.Rngs(0)), num_labels=self.num_labels,
                                                      head=self.head, bias=self.bias, rngs=nnx.Rngs(0)))
         graphdef, state = nnx.split(abstract, nnx.Param)
-        params = jax.tree.map(lambda v, s: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s), state,
-                              classifier_shardings(state, mesh))
+        params = nnx.map_state(lambda path, v: v.replace(jax.ShapeDtypeStruct(
+            v.get_value().shape, v.get_value().dtype, sharding=NamedSharding(mesh, classifier_partition_spec(path)))),
+            state)
         rows = -(-self.options.batch_size // batch_divisor(mesh)) * batch_divisor(mesh)
         x = jax.ShapeDtypeStruct((rows, self.max_length), jnp.int32, sharding=batch_sharding(mesh))
         fn = make_score_fn(graphdef, kind=self.name, pad_token_id=self.pad_token_id,
