@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import threading
 from pathlib import Path
 
 import jax
@@ -301,10 +302,24 @@ class ProcessRewardModel(LearnedReward):
             raise ValueError(f"separator {self.options.separator!r} is {len(sep)} tokens in the tokenizer of "
                              f"{self.path}, not one: set options.separator to one of its tokens")
         self.separator_id = int(sep[0])
+        # the last call's rows and result: a rollout's outcome part and its step rewards read the same rows
+        self._memo, self._lock = None, threading.Lock()
 
     def step_rows(self, prompts, responses) -> tuple[list[list[tuple[float, int]]], dict[int, str]]:
         """Each response's steps `[(P(positive) at its separator, index of the step's last character)]`
-        and `{row: why}` for the rows that could not be scored (no steps)."""
+        and `{row: why}` for the rows that could not be scored (no steps). The same rows twice in a row
+        (the outcome reward, then the step rewards, of one rollout) run the model once."""
+        key = (tuple(prompts), tuple(responses))
+        with self._lock:
+            if self._memo is not None and self._memo[0] == key:
+                out, errors = self._memo[1]
+                return [list(s) for s in out], dict(errors)
+        out, errors = self._step_rows(prompts, responses)
+        with self._lock:
+            self._memo = (key, (out, dict(errors)))
+        return [list(s) for s in out], errors
+
+    def _step_rows(self, prompts, responses):
         steps = [split_steps(r, self.options.splitter) for r in responses]
         sep = self.options.separator
         rows = self.tokenize(prompts, ["".join(text + sep for text, _ in s) for s in steps])

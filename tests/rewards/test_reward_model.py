@@ -122,6 +122,19 @@ def test_process_step_rewards_against_a_hand_computed_case(prm_dir):
     assert fields["step_ends"][0, 1, 0] == 6 and fields["step_mask"][0, 1].sum() == 1
 
 
+def test_the_same_rows_twice_run_the_process_model_once(prm_dir, monkeypatch):
+    prm = make_learned_reward("process_reward_model", prm_dir, {"separator": SEPARATOR}, max_length=64)
+    calls = []
+    run = prm._run
+    monkeypatch.setattr(prm, "_run", lambda rows: calls.append(len(rows)) or run(rows))
+    first = prm.score_rows(PROMPTS, RESPONSES)  # a rollout's outcome part ...
+    steps, _ = prm.step_rows(PROMPTS, RESPONSES)  # ... and its step rewards
+    assert len(calls) == 1
+    np.testing.assert_allclose(first[0], [min(r for r, _ in s) if s else 0.0 for s in steps], atol=1e-6)
+    prm.step_rows(PROMPTS[:2], RESPONSES[:2])
+    assert len(calls) == 2
+
+
 def test_splitters(prm_dir):
     for splitter, ends in (("lines", [6, 17]), ("paragraphs", [6, 17]), ("=3", [4, 17])):
         prm = make_learned_reward("process_reward_model", prm_dir, {"separator": SEPARATOR, "splitter": splitter},
