@@ -373,7 +373,7 @@ def load_classifier(
     head, num_labels, bias = classifier_head_layout(root)
     hf = json.loads((root / "config.json").read_text()) if (root / "config.json").exists() else {}
     labels = hf.get("id2label")
-    if isinstance(labels, dict) and len(labels) != num_labels and hf.get("num_labels") in (None, len(labels)):
+    if isinstance(labels, dict) and len(labels) != num_labels:
         raise CheckpointError(f"{root}: config.json lists {len(labels)} labels (id2label) but the score head has "
                               f"{num_labels} outputs")
     overrides = {k: v for k, v in dict(param_dtype=param_dtype, dtype=dtype, attention=attention).items() if v is not None}

@@ -2,7 +2,8 @@
 
     stream = make_stream(cfg.data.train, tokenizer, max_prompt_length=64, seed=0)  # data.PromptStream
     batch = stream.next_batch(n)           # input_ids [n, max_prompt_length] (one fixed shape), answers
-    scorer = make_scorer(cfg.reward, objective)   # (responses, truths) -> (rewards [N], correct [N], keys)
+    scorer = make_scorer(cfg.reward, objective, tokenizer=tok)   # rewards.pipeline.RewardPipeline
+    rewards, correct, keys = scorer(responses, truths, prompts=prompts)   # [N], [N], [N]; .score(): + parts
 
 Prompts are always padded to exactly `max_prompt_length` (a single bucket), so the jitted sampler
 and update compile once. The stream's `state_dict()` goes into every checkpoint, so a resumed run

@@ -156,3 +156,12 @@ def test_head_parameters_have_sharding_rules():
     assert classifier_partition_spec(("score", "kernel")) == P("fsdp", None)
     assert classifier_partition_spec(("score", "out", "bias")) == P()
     assert classifier_partition_spec(("trunk", "layers", 0, "mlp", "up_proj", "kernel")) == P("fsdp", "tensor")
+
+
+def test_a_config_listing_other_labels_than_the_head_is_refused(tmp_path):
+    hf_classifier("qwen2", "sequence", 1).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["id2label"] = {"0": "bad", "1": "good"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="2 labels .* 1 outputs"):
+        load_classifier(tmp_path)

@@ -174,3 +174,10 @@ def test_prompt_unwrapper_strips_the_policys_chat_template_only():
     assert unwrap(dapo) == render_prompt("a1+b2=", template="dapo") and "a1+b2=" in unwrap(dapo)
     assert unwrap("a1+b2=") == "a1+b2="  # a raw prompt passes unchanged
     assert prompt_unwrapper(build_char_tokenizer())("x") == "x"  # the plain template wraps nothing
+
+
+def test_prompt_unwrapper_on_the_qwen25_chat_template(shared):
+    tok = transformers.AutoTokenizer.from_pretrained(shared("tokenizers", "qwen2.5"))
+    unwrap = prompt_unwrapper(tok)
+    rendered = render_prompt("What is 2+3?", template="chat", tokenizer=tok)
+    assert rendered.startswith("<|im_start|>system") and unwrap(rendered) == "What is 2+3?"
