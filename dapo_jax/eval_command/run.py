@@ -215,7 +215,9 @@ def run_eval(target: Target, sets: list[EvalSet], flags: EvalFlags = EvalFlags()
             stream, skipped = _stream(spec, cfg, tokenizer, flags.max_prompt_length)
             recs: list = []
             res = evaluate(sharded_generate, params, stream, tokenizer=tokenizer,
-                           scorer=sources.make_scorer(spec.reward, cfg.objective_config), key=eval_key(s["seed"]),
+                           scorer=sources.make_scorer(spec.reward, cfg.objective_config, tokenizer=tokenizer,
+                                                      max_length=int(stream.buckets[0]) + s["max_new_tokens"]),
+                           key=eval_key(s["seed"]),
                            batch_size=s["batch_size"], k=s["k"], limit=spec.limit or flags.limit, records=recs)
             lengths = [r["length"] for rec in recs for r in rec["responses"]]
             results[spec.name] = {

@@ -1,13 +1,16 @@
 """The decoder (Qwen2/2.5, Qwen3, Llama 3), its config, Hugging Face checkpoint I/O and sharding rules."""
 
+from dapo_jax.models.classifier import Classifier
 from dapo_jax.models.config import ModelConfig, ModelConfigError, RopeScaling
 from dapo_jax.models.decoder import Decoder, KVCache, positions_from_mask
 from dapo_jax.models.generation_config import GenerationConfig, load_generation_config, stop_token_ids
 from dapo_jax.models.hf_io import (
     CheckpointError,
+    load_classifier,
     load_model_and_tokenizer,
     load_pretrained,
     load_tokenizer,
+    save_classifier,
     save_pretrained,
 )
 from dapo_jax.models.sharding import (
@@ -22,6 +25,7 @@ from dapo_jax.models.sharding import (
 __all__ = [
     "PARTITION_RULES",
     "CheckpointError",
+    "Classifier",
     "Decoder",
     "GenerationConfig",
     "KVCache",
@@ -30,6 +34,7 @@ __all__ = [
     "RopeScaling",
     "check_divisible",
     "constrain_batch",
+    "load_classifier",
     "load_generation_config",
     "load_model_and_tokenizer",
     "load_pretrained",
@@ -37,6 +42,7 @@ __all__ = [
     "param_partition_specs",
     "param_shardings",
     "positions_from_mask",
+    "save_classifier",
     "save_pretrained",
     "shard_model",
     "stop_token_ids",

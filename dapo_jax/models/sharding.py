@@ -40,6 +40,11 @@ PARTITION_RULES: tuple[tuple[str, P], ...] = (
     (r"layers/\d+/(self_attn/(q|k|v)_proj|mlp/(gate|up)_proj)/lora/lora_b", P(None, "tensor")),
     (r"layers/\d+/(self_attn/o_proj|mlp/down_proj)/lora/lora_a", P("tensor", None)),
     (r"layers/\d+/(self_attn/o_proj|mlp/down_proj)/lora/lora_b", P(None, "fsdp")),
+    # classifier heads (models/classifier.py; the trunk below `trunk/` takes the rules above): kernels
+    # [d, L] / [d, d] split over fsdp on d, like the hidden states they read; 1-2 labels are never split
+    (r"score/kernel", P("fsdp", None)),
+    (r"score/(hidden|out)/kernel", P("fsdp", None)),
+    (r"score/((hidden|out)/)?bias", P()),
 )
 _COMPILED = tuple((re.compile(pattern), spec) for pattern, spec in PARTITION_RULES)
 

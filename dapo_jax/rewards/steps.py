@@ -35,7 +35,8 @@ import numpy as np
 
 from dapo_jax.data import cot, synthetic
 
-__all__ = ["STEP_REWARDS", "cot_steps", "synthetic_steps", "step_arrays", "make_step_scorer"]
+__all__ = ["STEP_REWARDS", "cot_steps", "synthetic_steps", "split_steps", "step_arrays", "steps_to_arrays",
+           "token_pieces", "make_step_scorer"]
 
 Steps = list[tuple[float, int]]
 _COT_PROMPT = re.compile(r"[a-z]\d+(?:\+[a-z]\d+)+=")
@@ -53,6 +54,24 @@ def _lines(response: str):
         if stripped.strip():
             yield stripped.strip(), start + len(stripped) - 1
         start += len(line) + 1
+
+
+def split_steps(response: str, splitter: str = "lines") -> list[tuple[str, int]]:
+    """(text, index of its last character) of each step of `response`: `lines` = every non-blank line,
+    `paragraphs` = every block between blank lines, any other string = the pieces between occurrences of
+    that literal delimiter. Blank pieces are not steps; a step's text is stripped of surrounding white space."""
+    if not splitter:
+        raise ValueError("a step delimiter must not be empty")
+    pattern = {"lines": r"\n", "paragraphs": r"\n[ \t]*\n"}.get(splitter, re.escape(splitter))
+    steps, start = [], 0
+    for m in [*re.finditer(pattern, response), None]:
+        end = len(response) if m is None else m.start()
+        chunk = response[start:end]
+        if chunk.strip():
+            text = chunk.strip()
+            steps.append((text, start + len(chunk) - len(chunk.lstrip()) + len(text) - 1))
+        start = end if m is None else m.end()
+    return steps
 
 
 def cot_steps(response: str, prompt: str, answer: str | int) -> Steps:
@@ -87,25 +106,38 @@ def synthetic_steps(response: str, prompt: str, answer: str | int) -> Steps:
 STEP_REWARDS: dict[str, Callable[[str, str, str], Steps]] = {"cot": cot_steps, "synthetic": synthetic_steps}
 
 
-def step_arrays(fn, pieces: Sequence[Sequence[str]], prompts: Sequence[str], answers: Sequence[str], *,
-                max_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Step rewards of N responses given as their tokens' text pieces, padded to `max_steps`.
-
-    Returns (rewards [N, J] float32, ends [N, J] int32 token indices, mask [N, J] float32).
-    The token of character `c` is the first token whose pieces reach past `c`.
-    """
+def steps_to_arrays(steps: Sequence[Steps], pieces: Sequence[Sequence[str]], *, max_steps: int
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Steps `[(reward, char_end), ...]` of N responses, given as their tokens' text pieces, padded to
+    `max_steps`: (rewards [N, J] float32, ends [N, J] int32 token indices, mask [N, J] float32).
+    The token of character `c` is the first token whose pieces reach past `c`."""
     n = len(pieces)
     rewards = np.zeros((n, max_steps), np.float32)
     ends = np.zeros((n, max_steps), np.int32)
     mask = np.zeros((n, max_steps), np.float32)
-    for i, (toks, prompt, answer) in enumerate(zip(pieces, prompts, answers, strict=True)):
+    for i, (toks, row) in enumerate(zip(pieces, steps, strict=True)):
         reach = np.cumsum([len(p) for p in toks])
-        steps = fn("".join(toks), prompt, answer)[:max_steps]
-        for j, (reward, char_end) in enumerate(steps):
+        for j, (reward, char_end) in enumerate(row[:max_steps]):
             rewards[i, j] = reward
             ends[i, j] = np.searchsorted(reach, char_end, side="right")
             mask[i, j] = 1.0
     return rewards, ends, mask
+
+
+def step_arrays(fn, pieces: Sequence[Sequence[str]], prompts: Sequence[str], answers: Sequence[str], *,
+                max_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Step rewards `fn(text, prompt, answer)` of N responses given as their tokens' text pieces (`steps_to_arrays`)."""
+    steps = [fn("".join(toks), prompt, answer) for toks, prompt, answer in zip(pieces, prompts, answers, strict=True)]
+    return steps_to_arrays(steps, pieces, max_steps=max_steps)
+
+
+def token_pieces(tokenizer, response_ids, response_mask) -> list[list[str]]:
+    """`[N, T]` ids -> each row's real tokens decoded one by one (each distinct id once), "" on padding."""
+    ids = np.asarray(response_ids)
+    vocab = np.unique(ids)
+    text = dict(zip(vocab.tolist(), tokenizer.batch_decode([[int(x)] for x in vocab], skip_special_tokens=True)))
+    keep = np.asarray(response_mask) > 0
+    return [[text[x] if k else "" for x, k in zip(row, kept)] for row, kept in zip(ids.tolist(), keep.tolist())]
 
 
 def make_step_scorer(name: str, tokenizer):
@@ -116,16 +148,15 @@ def make_step_scorer(name: str, tokenizer):
     fn = STEP_REWARDS[name]
 
     def score(response_ids, response_mask, prompts, answers) -> dict[str, np.ndarray]:
-        ids = np.asarray(response_ids)
-        p, g, t = ids.shape
-        vocab = np.unique(ids)  # decode each distinct token once
-        text = dict(zip(vocab.tolist(), tokenizer.batch_decode([[int(x)] for x in vocab], skip_special_tokens=True)))
-        keep = np.asarray(response_mask).reshape(p * g, t) > 0
-        rows = ids.reshape(p * g, t).tolist()
-        pieces = [[text[x] if k else "" for x, k in zip(row, kept)] for row, kept in zip(rows, keep.tolist())]
+        p, g, t = np.shape(response_ids)
+        pieces = token_pieces(tokenizer, np.reshape(response_ids, (p * g, t)), np.reshape(response_mask, (p * g, t)))
         rep = lambda xs: [x for x in xs for _ in range(g)]  # noqa: E731
         rewards, ends, mask = step_arrays(fn, pieces, rep(prompts), rep(answers), max_steps=t)
-        return {"step_rewards": rewards.reshape(p, g, t), "step_ends": ends.reshape(p, g, t),
-                "step_mask": mask.reshape(p, g, t)}
+        return step_fields(rewards, ends, mask, (p, g, t))
 
     return score
+
+
+def step_fields(rewards, ends, mask, shape) -> dict[str, np.ndarray]:
+    """The `Groups` step fields from `[P·G, J]` arrays."""
+    return {"step_rewards": rewards.reshape(shape), "step_ends": ends.reshape(shape), "step_mask": mask.reshape(shape)}

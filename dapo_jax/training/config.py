@@ -239,9 +239,12 @@ class TrainSection(_Section):
 
 
 class RewardFunction(_Section):
-    name: str  # dapo_jax.rewards.REWARDS (integer, dapo_answer, gsm8k, boxed, math_verify, format) or "synthetic"
-    weight: float = 1.0  # its weight in the combined reward
-    options: dict[str, Any] = Field(default_factory=dict)  # the check's keyword options
+    # dapo_jax.rewards.REWARDS (integer, dapo_answer, gsm8k, boxed, math_verify, format, synthetic, cot), or a
+    # learned reward model (rewards/reward_model.py): reward_model (outcome), process_reward_model (steps)
+    name: str
+    weight: float = 1.0
+    options: dict[str, Any] = Field(default_factory=dict)  # the check's keyword options, or the reward model's
+    path: str | None = None  # a learned reward model's Hugging Face folder (its weights, config and tokenizer)
 
 
 class RewardSection(_Section):
@@ -307,10 +310,19 @@ class RunConfig(_Section):
              f"train_batch={r.train_batch} must split into the critic's num_minibatches x micro_batches x the "
              f"mesh's data*fsdp={shards}"),
         ]
-        from dapo_jax.rewards import REWARDS as known
+        from dapo_jax.rewards import REWARDS
+        from dapo_jax.rewards.reward_model import LEARNED_REWARDS
 
+        known = (*REWARDS, *LEARNED_REWARDS)
         checks += [(f"reward.functions.{i}.name", f.name in known, f"unknown reward {f.name!r}; known: {known}")
                    for i, f in enumerate(self.reward.functions)]
+        checks += [(f"reward.functions.{i}.path", (f.path is not None) == (f.name in LEARNED_REWARDS),
+                    f"{f.name!r} is a learned reward model: set its path to the model's folder" if f.path is None else
+                    f"{f.name!r} is a rule reward: it takes no path") for i, f in enumerate(self.reward.functions)]
+        learned = [f.name for f in self.reward.functions if f.name in LEARNED_REWARDS]
+        checks.append(("reward.functions", not learned or m.distributed is None or m.distributed.num_processes == 1,
+                       f"{learned} are scored on each process's own rows: not in a multi-process run "
+                       f"(mesh.distributed) yet"))
         for key, ok, msg in checks:
             if not ok:
                 raise _KeyedError(key, msg)
@@ -330,9 +342,19 @@ class RunConfig(_Section):
                               "the batch's prompts): set optim.packing=false")
         from dapo_jax.rewards.steps import STEP_REWARDS
 
-        if objective.needs_step_rewards and self.reward.functions[0].name not in STEP_REWARDS:
+        has_prm = any(f.name == "process_reward_model" for f in self.reward.functions)
+        if objective.needs_step_rewards and self.reward.functions[0].name not in STEP_REWARDS and not has_prm:
             raise _KeyedError("reward.functions.0.name", f"advantage={objective.advantage!r} needs step rewards, and "
-                              f"{self.reward.functions[0].name!r} has none (step rewards: {sorted(STEP_REWARDS)})")
+                              f"{self.reward.functions[0].name!r} has none (step rewards: {sorted(STEP_REWARDS)}, or "
+                              f"a process_reward_model)")
+        if objective.multi_reward == "normalize_then_sum":  # the parts are combined on the device (rewards/pipeline.py)
+            weights = tuple(float(f.weight) for f in self.reward.functions)
+            if objective.overlong_buffer is not None:
+                raise _KeyedError("objective.multi_reward", "normalize_then_sum combines the reward functions' own "
+                                  "rewards: the soft overlong penalty would be left out; set objective.overlong_buffer=null")
+            if objective.reward_weights is not None and tuple(objective.reward_weights) != weights:
+                raise _KeyedError("objective.reward_weights", f"{objective.reward_weights} differ from the weights of "
+                                  f"reward.functions {weights}: set the weights there only")
         if objective.max_response_length is not None and objective.max_response_length < r.max_new_tokens:
             raise _KeyedError("objective.max_response_length",
                               f"{objective.max_response_length} < rollout.max_new_tokens={r.max_new_tokens}")
@@ -472,6 +494,11 @@ def _anchor_paths(data: dict, config_dir: Path) -> None:
     """A relative model/data path written in a config file means a path beside that file when one
     exists there (made absolute, so the run dir's copy of the config still finds it); otherwise it
     stays as written and `resolve_path` looks in the working directory, then the repository root."""
+    rewards = (data.get("reward") or {}).get("functions") if isinstance(data.get("reward"), dict) else None
+    for f in rewards if isinstance(rewards, list) else []:  # a learned reward model's folder
+        value = f.get("path") if isinstance(f, dict) else None
+        if isinstance(value, str) and not Path(value).expanduser().is_absolute() and (config_dir / value).exists():
+            f["path"] = str((config_dir / value).resolve())
     for keys in _PATH_KEYS:
         node = data
         for k in keys[:-1]:

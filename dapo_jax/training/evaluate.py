@@ -41,6 +41,8 @@ def evaluate(generate, params, stream, *, tokenizer, scorer, key, batch_size: in
     n = len(examples)
     correct = np.zeros((n, k), bool)
     answers: list[list] = [[] for _ in range(n)]
+    names = getattr(scorer, "part_names", ())
+    part_sums = np.zeros(len(names), np.float64)  # each reward function's own reward (rewards/pipeline.py)
     for start in range(0, n, batch_size):
         chunk = examples[start:start + batch_size]
         batch = stream.pad(chunk + [chunk[-1]] * (batch_size - len(chunk)))
@@ -48,7 +50,10 @@ def evaluate(generate, params, stream, *, tokenizer, scorer, key, batch_size: in
         resp_ids, resp_mask = to_host((out.response_ids, out.response_mask))
         b, g, t = resp_ids.shape
         texts = decode_responses(tokenizer, resp_ids.reshape(b * g, t), resp_mask.reshape(b * g, t))
-        rewards, ok, keys = scorer(texts, [a for a in batch.answers for _ in range(g)])
+        scored = scorer.score(texts, [a for a in batch.answers for _ in range(g)],
+                              prompts=[x for x in batch.texts for _ in range(g)])
+        rewards, ok, keys = scored.rewards, scored.correct, scored.keys
+        part_sums += scored.parts[:len(chunk) * g].sum(axis=0)
         ok = ok.reshape(b, g)
         for i in range(len(chunk)):
             correct[start + i] = ok[i]
@@ -63,6 +68,8 @@ def evaluate(generate, params, stream, *, tokenizer, scorer, key, batch_size: in
         f"eval/pass@{k}": pass_at_k(correct, k),
         f"eval/maj@{k}": maj_at_k(answers, correct, k),
         "eval/problems": float(n),
+        **({f"eval/reward/{name}": float(part_sums[i] / (n * k)) for i, name in enumerate(names)}
+           if len(names) > 1 else {}),  # several functions (a reward model beside a rule): each one's mean
     }
 
 

@@ -38,7 +38,7 @@ from dapo_jax.training.loggers import make_loggers
 from dapo_jax.training.lora import PolicyWeights
 from dapo_jax.training.metrics import MetricsWriter, compile_count
 from dapo_jax.training.overlap import Prefetched, Prefetcher, pack, unpack
-from dapo_jax.training.rollout import Groups, StreamedRounds, collect_groups
+from dapo_jax.training.rollout import Groups, StreamedRounds, collect_groups, part_means
 from dapo_jax.training.rollout_log import RolloutLog
 from dapo_jax.training.run_dir import RunDir
 from dapo_jax.training.programs import attention_report, build_programs, run_optimizer
@@ -134,7 +134,6 @@ def train(cfg: RunConfig) -> dict:
 
     from dapo_jax.objectives.loss import dynamic_sampling_keep, shape_rewards
     from dapo_jax.objectives.process import StepRewards
-    from dapo_jax.rewards.steps import make_step_scorer
     from dapo_jax.parallel.mesh import batch_sharding
     from dapo_jax.parallel.process_data import ProcessShare, start_processes
 
@@ -149,8 +148,9 @@ def train(cfg: RunConfig) -> dict:
 
     tokenizer = load_tokenizer(cfg)
     stream, eval_stream, scorer = sources.make_data(cfg, tokenizer, objective)
-    # process supervision (objectives.md §12): the first reward function's step rewards (rewards/steps.py)
-    step_scorer = make_step_scorer(cfg.reward.functions[0].name, tokenizer) if objective.needs_step_rewards else None
+    # process supervision (objectives.md §12): a process reward model's step rewards, else the first reward
+    # function's rule steps (rewards/steps.py)
+    step_scorer = scorer.step_scorer(tokenizer) if objective.needs_step_rewards else None
     if stream.num_skipped and main:
         warnings.warn(f"{stream.num_skipped} of {stream.num_skipped + len(stream)} training prompts are longer than "
                       f"data.max_prompt_length={cfg.data.max_prompt_length} tokens and are dropped", RuntimeWarning)
@@ -161,6 +161,7 @@ def train(cfg: RunConfig) -> dict:
             PeerWatch():  # a lost peer process: one line naming it (parallel/peers.py)
         run_dir.check_same_config()
         model = load_model(cfg, mesh, tokenizer)
+        scorer.load(mesh, dtype=cfg.model.dtype)  # learned reward models (rewards/reward_model.py): frozen, on the mesh
         policy, params = PolicyWeights.build(model, cfg.lora, seed=cfg.train.seed, mesh=mesh)  # LoRA: adapters only
         model_cfg = model.config
         ref_params = policy.reference(params) if objective.needs_reference else None
@@ -172,7 +173,7 @@ def train(cfg: RunConfig) -> dict:
         programs = build_programs(cfg, policy=policy, model_cfg=model_cfg, mesh=mesh, tx=tx, schedule=schedule,
                                   scfg=sampling_config(cfg, tokenizer, model_cfg),
                                   eval_scfg=sampling_config(cfg, tokenizer, model_cfg, eval_mode=True),
-                                  critic=critic, prompt_width=max(stream.buckets))
+                                  critic=critic, prompt_width=max(stream.buckets), reward_weights=scorer.weights)
         generate, continuous, generate_eval = programs.generate, programs.continuous, programs.generate_eval
         train_step, prepare = programs.train_step, programs.prepare
         say(f"[dapo-jax] {attention_report(cfg, mesh)}", flush=True)
@@ -180,6 +181,7 @@ def train(cfg: RunConfig) -> dict:
         # however the run ends, a started save completes (unless it failed or a peer process is gone)
         ckpt = cleanup.enter_context(Checkpointer(run_dir.path / "checkpoints", keep=cfg.train.keep_checkpoints))
         boundary = StepBoundary(preemption, ckpt)  # SIGTERM and failed saves, agreed by all processes (guards.py)
+        parts_on_device = objective.multi_reward == "normalize_then_sum"  # rewards [P, G, K] per function (rewards/pipeline.py)
         state, run = _restore(cfg, ckpt, state, stream, say, critic.init_state if critic is not None else None)
         if group_filter is not None:
             group_filter.load_state_dict(run.group_filter)
@@ -220,14 +222,17 @@ def train(cfg: RunConfig) -> dict:
             p, g, t = out.response_ids.shape
             texts = sources.decode_responses(tokenizer, out.response_ids.reshape(p * g, t),
                                              out.response_mask.reshape(p * g, t))
-            rewards, correct, _ = scorer(texts, [a for a in prompts.answers for _ in range(g)])
+            scored = scorer.score(texts, [a for a in prompts.answers for _ in range(g)],
+                                  prompts=[x for x in prompts.texts for _ in range(g)])  # rewards/pipeline.py
+            rewards, correct = scored.rewards, scored.correct
             steps = step_scorer(out.response_ids, out.response_mask, prompts.texts, prompts.answers) if step_scorer else {}
             shaped, mask = shape_rewards(objective, rewards.reshape(p, g), out.lengths, out.truncated,
                                          out.response_mask)
             groups = share.gather(Groups(ids, pmask, out.response_ids, np.asarray(mask, np.float32), out.logprobs,
                                          np.asarray(shaped, np.float32), correct.reshape(p, g), out.lengths,
                                          out.truncated, np.ones(p, bool), np.zeros(p, np.int32), entropy=out.entropy,
-                                         **steps), r.gen_batch)  # every process: the whole round, in row order
+                                         reward_parts=scored.parts.reshape(p, g, -1), **steps),
+                                  r.gen_batch)  # every process: the whole round, in row order
             if group_filter is not None:
                 groups.selected = group_filter.select(groups.rewards, groups.lengths)
             return groups
@@ -290,7 +295,8 @@ def train(cfg: RunConfig) -> dict:
                 # GFPO's dropped responses leave the loss, its denominator and the advantages' statistics
                 sel = groups.selected
                 host = (groups.prompt_ids, groups.prompt_mask, groups.response_ids, groups.response_mask * sel[..., None],
-                        groups.old_logp, groups.rewards, groups.valid[:, None] & sel)
+                        groups.old_logp, groups.reward_parts if parts_on_device else groups.rewards,
+                        groups.valid[:, None] & sel)
                 steps = StepRewards(groups.step_rewards, groups.step_ends, groups.step_mask) if step_scorer else None
                 critic_in = {} if critic is None else {
                     "critic_params": run.critic.params, "correct": to_global(groups.correct, batch_sharding(mesh))}
@@ -308,7 +314,7 @@ def train(cfg: RunConfig) -> dict:
             t2 = time.perf_counter()
             rollouts.write(step, groups, batch.advantages if groups.valid.any() else None)
             run.step = step
-            row = {**stats, **m, **counters(),
+            row = {**stats, **m, **counters(), **part_means(groups, scorer.part_names),
                    "rollout_tokens_per_s": stats.get("rollout_tokens", 0.0) / max(stats["rollout_busy_s"], 1e-9),
                    "update_tokens_per_s": float(m.get("update_tokens", 0.0)) / max(t2 - t1, 1e-9),
                    "rollout_time_s": t1 - t0, "update_time_s": t2 - t1, "step_time_s": t2 - t0,

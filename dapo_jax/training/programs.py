@@ -104,12 +104,13 @@ class RunPrograms:
 
 
 def build_programs(cfg: RunConfig, *, policy, model_cfg, mesh, tx, schedule, scfg, eval_scfg, critic=None,
-                   prompt_width: int | None = None) -> RunPrograms:
+                   prompt_width: int | None = None, reward_weights=None) -> RunPrograms:
     """The run's programs for `policy` (training/lora.py's PolicyWeights) on `mesh`.
 
     scfg / eval_scfg: the rollout's and the evaluation's `SamplingConfig`; critic: the `Critic` (PPO, VAPO) or
     None; prompt_width: the widest prompt bucket (continuous batching's prefill width; default
-    data.max_prompt_length)."""
+    data.max_prompt_length); reward_weights: reward.functions' weights, with `multi_reward: normalize_then_sum`
+    (the rewards then come per function, [P, G, K], and are normalised in their group on the device)."""
     from dapo_jax.parallel.host import to_global
     from dapo_jax.parallel.mesh import batch_divisor, batch_sharding
     from dapo_jax.sampling.continuous import ContinuousSampler, default_refill
@@ -140,7 +141,9 @@ def build_programs(cfg: RunConfig, *, policy, model_cfg, mesh, tx, schedule, scf
         micro_batches=o.micro_batches, temperature=scfg.logprob_temperature,
         use_ref=objective.needs_reference and objective.kl_in == "loss", **packed,
     )
-    prepare = make_prepare(objective, logprob, critic, recompute_old_logp=cfg.recompute_old_logp)
+    adv_objective = objective if reward_weights is None or objective.multi_reward != "normalize_then_sum" else \
+        objective.model_copy(update={"reward_weights": tuple(float(w) for w in reward_weights)})
+    prepare = make_prepare(adv_objective, logprob, critic, recompute_old_logp=cfg.recompute_old_logp)
     return RunPrograms(generate, generate_eval, continuous, logprob, prepare, train_step, critic, o.packing,
                        share if o.packing else False, attention)
 

@@ -55,13 +55,17 @@ class Groups:
     step_rewards: np.ndarray | None = None
     step_ends: np.ndarray | None = None
     step_mask: np.ndarray | None = None
+    # [N, G, K] each reward function's own reward, before its weight (`rewards/pipeline.py`): what
+    # `multi_reward: normalize_then_sum` combines; None = no parts (K = 0)
+    reward_parts: np.ndarray | None = None
 
     def __post_init__(self):
         if self.entropy is None:
             self.entropy = np.zeros(self.old_logp.shape, np.float32)
         if self.selected is None:
             self.selected = np.ones(self.rewards.shape, bool)
-        for name, dtype in (("step_rewards", np.float32), ("step_ends", np.int32), ("step_mask", np.float32)):
+        for name, dtype in (("step_rewards", np.float32), ("step_ends", np.int32), ("step_mask", np.float32),
+                            ("reward_parts", np.float32)):
             if getattr(self, name) is None:
                 setattr(self, name, np.zeros((*self.rewards.shape, 0), dtype))
 
@@ -93,6 +97,16 @@ class Groups:
     @staticmethod
     def from_state_dict(d: dict) -> "Groups":
         return Groups(**{f.name: np.asarray(d[f.name]) for f in dataclasses.fields(Groups) if f.name in d})
+
+
+def part_means(groups: Groups, names) -> dict[str, float]:
+    """`reward/NAME`: each reward function's mean own reward (before its weight) over the batch's valid
+    groups, when there are several functions (`Groups.reward_parts`)."""
+    parts = groups.reward_parts
+    if parts.shape[-1] < 2 or parts.shape[-1] != len(names) or not groups.valid.any():
+        return {}
+    kept = parts[groups.valid]
+    return {f"reward/{name}": float(kept[..., k].mean()) for k, name in enumerate(names)}
 
 
 def collect_groups(

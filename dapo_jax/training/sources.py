@@ -2,7 +2,8 @@
 
     stream = make_stream(cfg.data.train, tokenizer, max_prompt_length=64, seed=0)  # data.PromptStream
     batch = stream.next_batch(n)           # input_ids [n, max_prompt_length] (one fixed shape), answers
-    scorer = make_scorer(cfg.reward, objective)   # (responses, truths) -> (rewards [N], correct [N], keys)
+    scorer = make_scorer(cfg.reward, objective, tokenizer=tok)   # rewards.pipeline.RewardPipeline
+    rewards, correct, keys = scorer(responses, truths, prompts=prompts)   # [N], [N], [N]; .score(): + parts
 
 Prompts are always padded to exactly `max_prompt_length` (a single bucket), so the jitted sampler
 and update compile once. The stream's `state_dict()` goes into every checkpoint, so a resumed run
@@ -20,6 +21,7 @@ import numpy as np
 from pathlib import Path
 
 from dapo_jax.data.datasets import FORMATS, DataError, Problem, load_problems, to_problems
+from dapo_jax.rewards.pipeline import RewardPipeline
 from dapo_jax.training.config import BUILT_IN_TASKS, REPO_ROOT, resolve_path
 
 __all__ = ["DataError", "load_source", "make_stream", "resume_stream", "source_path", "decode_responses", "make_scorer",
@@ -110,35 +112,55 @@ def decode_responses(tokenizer, response_ids: np.ndarray, response_mask: np.ndar
 Scorer = Callable[[list[str], list[str]], tuple[np.ndarray, np.ndarray, list]]
 
 
-def make_scorer(reward_cfg, objective) -> Scorer:
-    """`(responses, truths) -> (rewards [N] float32, correct [N] bool, answer keys [N])`.
+class RunScorer(RewardPipeline):
+    """A `RewardPipeline` whose row failures (`on_error: raise`) are `DataError`s naming the functions:
+    the user's to fix (exit code 2)."""
 
-    The reward is `Σ_k w_k r_k` over `reward.functions` (registry names of `dapo_jax.rewards`), each
-    with right/wrong values from `reward.right/wrong` (default: the objective's reward_correct /
-    reward_wrong); `correct` and the answer keys (for maj@k) are the FIRST function's.
+    def score(self, responses, truths, *, prompts=None):
+        try:
+            return super().score(responses, truths, prompts=prompts)
+        except RuntimeError as e:
+            raise DataError(f"reward {[n for n, _, _ in self.functions]}: {e}") from e
+
+    def step_scorer(self, tokenizer, **kwargs):
+        inner = super().step_scorer(tokenizer, **kwargs)
+
+        def score(*args):
+            try:
+                return inner(*args)
+            except RuntimeError as e:
+                raise DataError(f"step rewards: {e}") from e
+
+        return score
+
+
+def make_scorer(reward_cfg, objective, *, tokenizer=None, max_length: int | None = None):
+    """A `rewards.pipeline.RewardPipeline`: `(responses, truths, prompts=None) -> (rewards [N] float32,
+    correct [N] bool, answer keys [N])`, and `.score(...)` for every function's part.
+
+    The reward is `Σ_k w_k r_k` over `reward.functions`: registry names of `dapo_jax.rewards`, each with
+    right/wrong values from `reward.right/wrong` (default: the objective's reward_correct / reward_wrong),
+    and learned reward models (`reward_model`, `process_reward_model` with a `path`: checked here, their
+    weights loaded later by `.load(mesh)`). `correct` and the answer keys (for maj@k) are the first rule
+    function's. `tokenizer`: the policy's (to strip its chat template off the prompts a reward model
+    reads); `max_length`: the run's prompt + response tokens (a reward model's default row length).
     """
-    from dapo_jax.rewards import combine, make_reward, score_batch
+    from dapo_jax.rewards import make_reward
+    from dapo_jax.rewards.reward_model import LEARNED_REWARDS, make_learned_reward
 
     right = reward_cfg.right if reward_cfg.right is not None else objective.reward_correct
     wrong = reward_cfg.wrong if reward_cfg.wrong is not None else objective.reward_wrong
-    pairs = []
+    functions = []
     for i, f in enumerate(reward_cfg.functions):
         try:
-            pairs.append((make_reward(f.name, right=right, wrong=wrong, **f.options), f.weight))
-        except (KeyError, TypeError, ValueError) as e:
+            if f.name in LEARNED_REWARDS:
+                fn = make_learned_reward(f.name, resolve_path(f.path), f.options, wrong=wrong, max_length=max_length)
+            else:
+                fn = make_reward(f.name, right=right, wrong=wrong, **f.options)
+        except (KeyError, TypeError, ValueError, OSError) as e:
             raise DataError(f"reward.functions.{i} ({f.name!r}): {e}") from e
-    reward = combine(pairs)  # correctness (and answer keys) from the first function
-    key_fn = getattr(pairs[0][0], "answer_key", None)
-
-    def score(responses: list[str], truths: list[str]):
-        try:
-            out = score_batch(reward, responses, truths, on_error=reward_cfg.on_error)
-        except RuntimeError as e:
-            raise DataError(f"reward {[f.name for f in reward_cfg.functions]}: {e}") from e
-        keys = [key_fn(r) if key_fn is not None else r.strip() for r in responses]
-        return out.rewards, out.correct, keys
-
-    return score
+        functions.append((f.name, fn, f.weight))
+    return RunScorer(functions, on_error=reward_cfg.on_error, policy_tokenizer=tokenizer)
 
 
 def make_data(cfg, tokenizer, objective, *, sample: int = 8):
@@ -154,10 +176,12 @@ def make_data(cfg, tokenizer, objective, *, sample: int = 8):
     if cfg.data.eval is not None:
         eval_stream = make_stream(cfg.data.eval, tokenizer, max_prompt_length=max_len, seed=cfg.data.seed,
                                   shuffle=False, key="data.eval")
-    scorer = make_scorer(cfg.reward, objective)
-    strict = make_scorer(cfg.reward.model_copy(update={"on_error": "raise"}), objective)
+    scorer = make_scorer(cfg.reward, objective, tokenizer=tokenizer,
+                         max_length=max_len + cfg.rollout.max_new_tokens)
+    # the rule functions on the sources' answers (make_scorer has checked each reward model's folder)
+    strict = scorer.replace(on_error="raise", learned=False) if len(scorer.learned) < len(scorer.functions) else None
     for name, s in (("data.train", stream), ("data.eval", eval_stream)):
-        if s is None:
+        if s is None or strict is None:
             continue
         answers = [e.answer for e in s.examples[:sample]]
         try:

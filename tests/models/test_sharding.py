@@ -61,8 +61,10 @@ def test_table_names_every_parameter_as_specified():
         cfg = CFG.replace(model_type=model_type, **extra)
         specs = param_partition_specs(nnx.eval_shape(lambda c=cfg: Decoder(c, rngs=nnx.Rngs(0))))
         assert len(jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, P))) > 0
-    # 8 rules for the decoder's weights, 4 for LoRA adapters (A split like its kernel's input, B like its output)
-    assert len(PARTITION_RULES) == 12
+    # 8 rules for the decoder's weights, 4 for LoRA adapters (A split like its kernel's input, B like its
+    # output), 3 for classifier heads (models/classifier.py)
+    assert len(PARTITION_RULES) == 15
+    assert partition_spec("score/kernel") == P("fsdp", None) and partition_spec("score/hidden/bias") == P()
     assert partition_spec("layers/3/self_attn/q_proj/lora/lora_a") == P("fsdp", None)
     assert partition_spec("layers/3/mlp/up_proj/lora/lora_b") == P(None, "tensor")
     assert partition_spec("layers/3/self_attn/o_proj/lora/lora_a") == P("tensor", None)
