@@ -341,6 +341,14 @@ def machine() -> str:
     return f"{model}, {os.cpu_count()} cores; jax {jax.__version__} on {devices}"
 
 
+def rel(path: Path) -> str:
+    """`path` relative to the checkout when it is inside it (a report names no home folders)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path(__file__).resolve().parents[1]))
+    except ValueError:
+        return str(path)
+
+
 def keep_findings(out: Path, text: str) -> str:
     """`text` with the `## Findings` section of the page already at `out` when that one was written by
     hand (not the placeholder): a rerun (e.g. --report-only) rewrites the tables and keeps them."""

@@ -55,6 +55,7 @@ from experiment import (  # noqa: E402
     markdown_table,
     mean_sd,
     read_run,
+    rel,
     run_all,
     run_one,
     series,
@@ -300,14 +301,6 @@ def write_figures(out_dir: Path, rows: list[Row], runs: dict, offsets: dict, bud
 
 
 # ----------------------------------------------------------------------------- the report
-def rel(path: Path) -> str:
-    """`path` relative to the checkout when it is inside it (the report names no home folders)."""
-    try:
-        return str(Path(path).resolve().relative_to(REPO))
-    except ValueError:
-        return str(path)
-
-
 class LoadMonitor:
     """The 1-minute load average every `period` s while the league trains (other jobs on the machine
     slow every run down: the report says how loaded it was)."""

@@ -368,7 +368,8 @@ def write_clip_run(path: Path, hist_high: list[float], hist_low: list[float], to
     lines = []
     for s, tok in enumerate(tokens, 1):
         row = {"step": s, "update_tokens": tok, "generated_groups": 2, "clip_frac_high": s * sum(hist_high),
-               "clip_frac_low": sum(hist_low), "ratio_pos_5": 0.01 * s, "ratio_pos_6": 0.001}
+               "clip_frac_low": sum(hist_low), "ratio_pos_5": 0.01 * s, "ratio_pos_6": 0.001,
+               "clip_high_possible": 0.1 / s}
         row.update({f"clip_high_p_old_{k}": s * hist_high[k] for k in range(10)})
         row.update({f"clip_low_p_old_{k}": hist_low[k] for k in range(10)})
         row.update({f"ratio_pos_{k}": 0.1 for k in range(5)})
@@ -386,6 +387,7 @@ def test_clip_summary_weights_the_steps_by_their_update_tokens(tmp_path):
     assert s["high_clip_p_old_mean"] == pytest.approx((0.002 * 0.05 + 0.001 * 0.15 + 0.001 * 0.95) / 0.004)
     assert s["low_clip_p_old_lt02"] == 0.0 and s["low_clip_p_old_mean"] == pytest.approx(0.875)
     assert s["ratio_pos_between"] == pytest.approx((100 * 0.01 + 300 * 0.02) / 400)
+    assert s["clip_high_possible"] == pytest.approx((100 * 0.1 + 300 * 0.05) / 400)
     assert s["clip_high_max"] == pytest.approx(0.008) and s["clip_high_end"] == pytest.approx(0.008)
     assert ablate.clip_summary({"rows": [{"step": 1, "clip_frac_high": 0.1}], "G": G}) == {}  # older runs: no histograms
     counts = ablate.clip_histograms([ablate.read_run(tmp_path / "r")])
