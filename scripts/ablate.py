@@ -1,12 +1,14 @@
 """The DAPO ablation ladder in miniature, one command.
 
-    python scripts/ablate.py [CONFIG] [--seeds 3] [--steps N] [--quick] [--rows grpo,dapo] [--jobs 2]
-                             [--out docs/ablation.md] [--runs-dir runs/ablate] [--target ACC]
+    python scripts/ablate.py [CONFIG] [--regime on-policy|off-policy] [--seeds 3] [--steps N] [--quick]
+                             [--rows grpo,dapo] [--jobs 2] [--out docs/ablation.md] [--runs-dir runs/ablate]
+                             [--target ACC] [--lr LR]
 
 CONFIG (a recipe's name or a YAML file; default the main job, cot_dapo) is a DAPO run. Every row of
 the ladder is that run with objective overrides only; each row x seed is one
 `dapo_jax.training.loop.train` run in RUNS_DIR/ROW/seedS, `--jobs` of them at a time (each in its own
-process, on one core, with one XLA thread; `--jobs 1`: one after another in this process):
+process, on one core, with one XLA thread; `--jobs 1`: one after another in this process). `--regime
+on-policy` (the default) is the ladder:
 
     naive GRPO          clip 0.2/0.2, seq_mean_token_mean, no dynamic sampling, no overlong shaping
     + clip-higher       eps_high from CONFIG (0.28)
@@ -18,41 +20,67 @@ process, on one core, with one XLA thread; `--jobs 1`: one after another in this
 Row keys (--rows, run folders): grpo, clip, overlong, token, dapo, dapo-clip, dapo-overlong,
 dapo-token. `--set KEY=VALUE` adds a non-objective override to every row (e.g. data.eval_size).
 
+`--regime off-policy` is clip-higher in the regime DAPO's Figure 2 comes from: each rollout batch
+split into OFF_POLICY_MINIBATCHES optimizer steps (DAPO: 512 prompts per rollout in mini-batches of
+32; here as many as the batch allows, up to 16), at `--lr` (default OFF_POLICY_LR, chosen so that the
+symmetric clip is stable at first), two rows: `dapo-clip` (full DAPO with a symmetric 0.2/0.2 clip)
+and `dapo` (DAPO's 0.2/0.28). Its page (default docs/ablation_off_policy.md) adds DAPO's Figure 3:
+the π_old of the tokens clipped at the upper and at the lower bound (the objective's
+`clip_high_p_old_K` / `clip_low_p_old_K` histograms) and the ratio distribution.
+
 Every row gets the same model, data, lr, G, batch, steps, seed(s), evaluation and KL 0; the
 generation batch is the training batch for all rows, so a row without dynamic sampling trains on
 everything it generates, and rows with it refill in as many rounds as CONFIG's generation budget
 allows (`gen_batch * max_gen_batches` prompts per step).
 
-Compiled programs are cached in RUNS_DIR/.jax_cache and shared by the rows (most of a short run's
-time is compilation otherwise). A rerun of the same command skips finished runs and resumes unfinished ones from their newest
-checkpoint (a 90-minute ladder is restartable). It then writes a markdown report (mean ± sd over
-seeds; command, machine, date) to --out and figures in the spirit of DAPO's Figures 2-6 to
-docs/figures/ablation_*.png (beside --out). `--quick`: one seed and a tenth of CONFIG's steps
-(at least 10), evaluated 4 times, in runs/ablate_quick.
+Compiled programs are cached in RUNS_DIR/.jax_cache and shared by the rows. A rerun of the same
+command skips finished runs and resumes unfinished ones from their newest checkpoint. It then writes
+a markdown report (mean ± sd over seeds; command, machine, date) to --out and figures in the spirit
+of DAPO's Figures 2-6 to docs/figures/ablation_*.png (beside --out). `--quick`: one seed and a tenth
+of the steps (at least 10), evaluated 4 times, in runs/ablate_quick (runs/ablate_off_policy_quick).
 """
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import dataclasses
 import datetime
 import json
 import math
 import os
-import platform
-import queue
-import subprocess
 import sys
-import time
-import traceback
 from pathlib import Path
 
 import numpy as np
-import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiment.py beside this script
+
+from experiment import (  # noqa: E402
+    DONE_FILE,
+    SINGLE_THREAD_XLA,
+    Job,
+    column,
+    default_target,
+    fmt_cell,
+    is_finished,
+    keep_findings,
+    machine,
+    markdown_table,
+    mean_sd,
+    read_run,
+    rel,
+    run_all,
+    run_one,
+    series,
+    smooth,
+    summarize_run,
+    use_compile_cache,
+    value_at,
+    yaml_value,
+)
+
+__all__ = ["DONE_FILE", "SINGLE_THREAD_XLA", "fmt_cell", "markdown_table", "read_run", "summarize_run"]
 REPO = Path(__file__).resolve().parents[1]
-DONE_FILE = "ablate.json"  # per run dir: {"steps": completed steps, "wall_s": [seconds per session]}
 
 # ----------------------------------------------------------------------------- the rows
 # The four techniques of DAPO's Table 1, as the objective fields each one sets.
@@ -60,6 +88,16 @@ TECHNIQUES = ("clip_higher", "overlong", "token_loss", "dynamic_sampling")
 TECHNIQUE_LABELS = {"clip_higher": "clip-higher", "overlong": "overlong shaping",
                     "token_loss": "token-level loss", "dynamic_sampling": "dynamic sampling"}
 TECHNIQUE_KEYS = {"clip_higher": "clip", "overlong": "overlong", "token_loss": "token", "dynamic_sampling": "dynsamp"}
+
+# The off-policy regime: DAPO makes 16 optimizer steps per rollout batch (512 prompts, mini-batches of
+# 32). OFF_POLICY_LR: 8x the updates of the on-policy ladder (2 per rollout) at its lr 2e-4 move the
+# policy ~8x as far per step. 30-step pilots of the symmetric-clip row on cot_dapo: at 2e-4 the train
+# accuracy fell from 0.19 to 0.06 within 8 steps, at 1e-4 held-out accuracy went 0.215 -> 0.255 -> 0.212
+# (steps 0/10/30), at 5e-5 0.215 -> 0.305 -> 0.390: the largest of the three that is stable
+# (docs/ablation_off_policy.md, "How the regime was set").
+OFF_POLICY_MINIBATCHES = 16
+OFF_POLICY_LR = 5.0e-5
+REGIMES = ("on-policy", "off-policy")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,10 +124,11 @@ def technique_settings(base) -> dict[str, tuple[dict, dict]]:
     }
 
 
-def define_rows(base) -> tuple[list[Row], list[tuple[Row, Row]]]:
+def define_rows(base, regime: str = "on-policy") -> tuple[list[Row], list[tuple[Row, Row]]]:
     """The cumulative ladder, then full DAPO minus each technique, and the (dropped, same as) pairs:
     a row whose objective equals an earlier row's is not run twice (DAPO - dynamic sampling is the
-    ladder's 4th row; without overlong shaping in CONFIG the overlong rows equal their neighbours)."""
+    ladder's 4th row; without overlong shaping in CONFIG the overlong rows equal their neighbours).
+    The off-policy regime: DAPO with a symmetric clip, then DAPO."""
     settings = technique_settings(base)
 
     def make(key, label, on):
@@ -98,6 +137,10 @@ def define_rows(base) -> tuple[list[Row], list[tuple[Row, Row]]]:
             objective.update(settings[t][0 if t in on else 1])
         return Row(key, label, frozenset(on), objective)
 
+    if regime == "off-policy":
+        low, high = settings["clip_higher"][0]["eps_low"], settings["clip_higher"][0]["eps_high"]
+        return [make("dapo-clip", f"symmetric clip {low}/{low}", [t for t in TECHNIQUES if t != "clip_higher"]),
+                make("dapo", f"clip-higher {low}/{high}", TECHNIQUES)], []
     rows = [make("grpo", "naive GRPO", [])]
     for i, t in enumerate(TECHNIQUES):
         full = t == "dynamic_sampling"
@@ -124,29 +167,34 @@ class Plan:
     seeds: tuple[int, ...]
     runs_dir: Path
     common: tuple[str, ...]  # overrides shared by every row
+    regime: str = "on-policy"
+
+
+def off_policy_minibatches(cfg) -> int:
+    """The most optimizer steps per rollout batch up to OFF_POLICY_MINIBATCHES that the batch splits into
+    (whole micro-batches, each divisible over the mesh's data x fsdp devices)."""
+    unit = cfg.optim.micro_batches * cfg.mesh.data * cfg.mesh.fsdp
+    return max(n for n in range(1, OFF_POLICY_MINIBATCHES + 1) if cfg.rollout.train_batch % (n * unit) == 0)
 
 
 def make_plan(config: Path, cfg, *, steps: int, eval_every: int, seeds: int, runs_dir: Path,
-              extra: tuple[str, ...] = ()) -> Plan:
+              extra: tuple[str, ...] = (), regime: str = "on-policy", lr: float | None = None) -> Plan:
     """`cfg` is CONFIG loaded with the `extra` overrides (`--set`), which every row gets too."""
     r = cfg.rollout
     budget = r.gen_batch * r.max_gen_batches  # prompts one step may generate under dynamic sampling
+    off = () if regime == "on-policy" else (
+        f"optim.num_minibatches={off_policy_minibatches(cfg)}", f"optim.lr={yaml_value(lr or OFF_POLICY_LR)}")
     common = (
         f"rollout.gen_batch={r.train_batch}",
         f"rollout.max_gen_batches={max(1, math.ceil(budget / r.train_batch))}",
         f"train.steps={steps}", f"train.eval_every={eval_every}", "train.progress=false",
-        "objective.kl_beta=0.0", *extra,
+        "objective.kl_beta=0.0", *off, *extra,
     )
-    return Plan(config, steps, eval_every, tuple(cfg.train.seed + i for i in range(seeds)), runs_dir, common)
+    return Plan(config, steps, eval_every, tuple(cfg.train.seed + i for i in range(seeds)), runs_dir, common, regime)
 
 
 def run_dir(plan: Plan, row: Row, seed: int) -> Path:
     return plan.runs_dir / row.key / f"seed{seed}"
-
-
-def yaml_value(v) -> str:
-    """`v` as the override parser (`yaml.safe_load`) reads it back: 1e-05 -> '1.0e-05', None -> 'null'."""
-    return yaml.safe_dump(v, default_flow_style=True).strip().removesuffix("...").strip()
 
 
 def run_overrides(plan: Plan, row: Row, seed: int) -> list[str]:
@@ -154,228 +202,71 @@ def run_overrides(plan: Plan, row: Row, seed: int) -> list[str]:
     return [*plan.common, *objective, f"train.seed={seed}", f"train.run_dir={run_dir(plan, row, seed)}"]
 
 
-# ----------------------------------------------------------------------------- running
-def _done(path: Path) -> dict:
-    f = path / DONE_FILE
-    return json.loads(f.read_text()) if f.exists() else {"steps": 0, "wall_s": []}
+def job(plan: Plan, row: Row, seed: int) -> Job:
+    return Job(row.key, seed, row.label, run_dir(plan, row, seed), plan.config,
+               tuple(run_overrides(plan, row, seed)), plan.steps)
 
 
-def _record(path: Path, **changes) -> None:
-    state = {**_done(path), **changes}
-    path.mkdir(parents=True, exist_ok=True)
-    tmp = path / (DONE_FILE + ".tmp")
-    tmp.write_text(json.dumps(state))
-    tmp.replace(path / DONE_FILE)
-
-
-def run_one(plan: Plan, row: Row, seed: int, name: str) -> str | None:
-    """Trains one row x seed in this process (resuming its checkpoint); returns its error, if any."""
-    from dapo_jax.training.config import load_config
-    from dapo_jax.training.guards import Preempted
-    from dapo_jax.training.loop import train
-
-    path = run_dir(plan, row, seed)
-    print(f"[ablate] {name}: training {plan.steps} steps in {path}", flush=True)
-    t0 = time.perf_counter()
-    try:
-        final = train(load_config(plan.config, run_overrides(plan, row, seed)))
-    except BaseException as e:
-        _record(path, wall_s=[*_done(path)["wall_s"], time.perf_counter() - t0])
-        # Ctrl-C or SIGTERM: stop here (the run's checkpoint lets a rerun resume); any other
-        # error fails this run only
-        if isinstance(e, Preempted) or not isinstance(e, Exception):
-            raise
-        traceback.print_exc()
-        print(f"[ablate] {name}: FAILED ({type(e).__name__}: {e})", flush=True)
-        return f"{type(e).__name__}: {e}"
-    wall = time.perf_counter() - t0
-    _record(path, steps=plan.steps, wall_s=[*_done(path)["wall_s"], wall])
-    acc = final.get("eval/accuracy")
-    print(f"[ablate] {name}: done in {wall:.1f} s" + (f", held-out accuracy {acc:.3f}" if acc is not None else ""),
-          flush=True)
-    return None
-
-
-# One XLA thread per job: on 2 cores, two single-threaded runs side by side do 1.6x the steps of one
-# run using both cores (measured on the chain-of-thought task: 2.6 s/step each against 2.05 s/step).
-SINGLE_THREAD_XLA = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-
-
-def say(line: str) -> None:
-    """One whole line to stdout (the --jobs threads' lines must not interleave)."""
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
-
-
-def _run_child(argv: list[str], row: Row, seed: int, plan: Plan, name: str, cores: queue.Queue) -> str | None:
-    """Runs `row` x `seed` in a child process of this script pinned to one free core."""
-    core = cores.get()
-    path = run_dir(plan, row, seed)
-    path.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " " + SINGLE_THREAD_XLA).strip()}
-    cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--jobs", "1", "--only", f"{row.key}/{seed}",
-           "--name", name]
-    try:
-        with open(path / "ablate.log", "a") as log:
-            say(f"[ablate] {name}: training {plan.steps} steps on core {core}, log in {path / 'ablate.log'}")
-            pin = (lambda: os.sched_setaffinity(0, {core})) if hasattr(os, "sched_setaffinity") else None
-            rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=pin).returncode
-    finally:
-        cores.put(core)
-    done = _done(path)
-    if rc != 0 or done["steps"] < plan.steps:
-        say(f"[ablate] {name}: FAILED (exit {rc}; see {path / 'ablate.log'})")
-        return f"exit {rc}, see {path / 'ablate.log'}"
-    say(f"[ablate] {name}: done in {done['wall_s'][-1]:.1f} s")
-    return None
-
-
-def available_cores() -> list[int]:
-    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-
-
-def run_all(plan: Plan, rows: list[Row], *, jobs: int = 1, argv: list[str] | None = None) -> list[str]:
-    """Trains every unfinished row x seed; returns the runs that failed (as 'row/seedS: error').
-
-    jobs == 1: one after another in this process. jobs > 1: that many child processes at a time,
-    each one XLA thread pinned to its own core (`argv`: this script's arguments, for the children)."""
-    todo = [(row, seed) for row in rows for seed in plan.seeds]
-    named = []
-    for i, (row, seed) in enumerate(todo, 1):
-        name = f"({i}/{len(todo)}) {row.label}, seed {seed}"
-        if _done(run_dir(plan, row, seed))["steps"] >= plan.steps:
-            print(f"[ablate] {name}: finished earlier, skipped", flush=True)
-        else:
-            named.append((row, seed, name))
-    if jobs <= 1:
-        errors = [(row, seed, run_one(plan, row, seed, name)) for row, seed, name in named]
-    else:
-        cores = queue.Queue()
-        for c in (available_cores() * jobs)[:jobs]:
-            cores.put(c)
-        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-            futures = [(row, seed, pool.submit(_run_child, argv or [], row, seed, plan, name, cores))
-                       for row, seed, name in named]
-            errors = [(row, seed, f.result()) for row, seed, f in futures]
-    return [f"{row.key}/seed{seed}: {e}" for row, seed, e in errors if e]
-
-
-# ----------------------------------------------------------------------------- reading runs
-def read_run(path: Path, steps: int | None = None) -> dict:
-    """A run's metrics rows (step <= steps), its G and its recorded wall time."""
-    from dapo_jax.training.metrics import read_metrics
-
-    rows = read_metrics(path) if (path / "metrics.jsonl").exists() else []
-    if steps is not None:
-        rows = [r for r in rows if r["step"] <= steps]
-    config = path / "config.yaml"
-    g = yaml.safe_load(config.read_text())["rollout"]["G"] if config.exists() else None
-    wall = _done(path)["wall_s"]
-    return {"rows": rows, "G": g, "wall_s": float(sum(wall)) if wall else None}
-
-
-def series(rows: list[dict], key: str, *, x: str = "step", G: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(x, values) of `key` over the rows that have it. x = "step" or "samples" (responses generated
-    up to and including that step: Σ generated_groups · G)."""
-    xs, ys, samples = [], [], 0.0
-    for r in rows:
-        if x == "samples" and r.get("generated_groups") is not None:
-            samples += r["generated_groups"] * G
-        v = r.get(key)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-            xs.append(r["step"] if x == "step" else samples)
-            ys.append(float(v))
-    return np.asarray(xs, float), np.asarray(ys, float)
-
-
-def _window(n: int) -> int:
-    return max(1, n // 10)
-
-
-def _smooth(y: np.ndarray, w: int) -> np.ndarray:
-    """Trailing moving average (the first w-1 points average what exists so far)."""
-    if w <= 1 or len(y) == 0:
-        return y
-    c = np.cumsum(np.insert(y, 0, 0.0))
-    idx = np.arange(1, len(y) + 1)
-    lo = np.maximum(idx - w, 0)
-    return (c[idx] - c[lo]) / (idx - lo)
-
-
-def summarize_run(run: dict, target: float | None) -> dict:
-    """One run's table entries. "end" = mean over the last 10% of steps; "min" = minimum of the
-    10%-window moving average; "over training" = over every step."""
-    rows, G = run["rows"], run["G"]
-    steps, acc = series(rows, "eval/accuracy")
-    out: dict = {"wall_s": run["wall_s"]}
-    if len(acc):
-        out.update(start_acc=acc[0], final_acc=acc[-1], best_acc=acc.max())
-        pass_key = next((k for r in reversed(rows) for k in r if k.startswith("eval/pass@")), None)
-        if pass_key:
-            out["final_pass"] = series(rows, pass_key)[1][-1]
-        if target is not None:
-            hit = np.flatnonzero(acc >= target)
-            out["steps_to_target"] = steps[hit[0]] if len(hit) else None
-            if len(hit) and G:
-                samples, _ = series(rows, "eval/accuracy", x="samples", G=G)
-                out["samples_to_target"] = samples[hit[0]]
-            elif not len(hit):
-                out["samples_to_target"] = None
-    for name, key in (("ent_gen", "entropy_generated"), ("ent_upd", "entropy")):
-        _, y = series(rows, key)
-        if len(y):
-            w = _window(len(y))
-            out[f"{name}_end"], out[f"{name}_min"] = y[-w:].mean(), _smooth(y, w).min()
-    for name, key in (("len_mean", "response_length_mean"), ("len_spread", "response_length_std"),
-                      ("trunc", "truncated_fraction"), ("clip_low", "clip_frac_low"),
-                      ("clip_high", "clip_frac_high"), ("zero_adv", "zero_adv_fraction"),
-                      ("gen_rounds", "gen_rounds")):
-        _, y = series(rows, key)
-        if len(y):
-            out[name] = y.mean()
-            if name == "len_mean":
-                out["len_sd_steps"] = y.std()
-            if name == "trunc":
-                out["trunc_end"] = y[-_window(len(y)):].mean()
-    # groups with no correctness spread (all right or all wrong) whose shaped rewards still differ:
-    # their only signal is the soft overlong penalty, i.e. "be shorter"
-    _, same = series(rows, "all_correct_fraction")
-    _, wrong = series(rows, "all_wrong_fraction")
-    _, zero = series(rows, "zero_adv_fraction")
-    if len(same) and len(same) == len(wrong) == len(zero):
-        out["length_only"] = float(np.mean(same + wrong - zero))
-    if G:
-        _, gen = series(rows, "generated_groups")
-        if len(gen):
-            out["samples"] = gen.sum() * G
+# ----------------------------------------------------------------------------- summaries
+def clip_summary(run: dict) -> dict:
+    """Where the clip binds, over the whole run (token-weighted: each step's fractions of its update
+    tokens times its update tokens): the share of the upper- / lower-clipped tokens with π_old < 0.2,
+    the fraction of update tokens with A > 0 and ρ in [1.2, 1.28) (what clip-higher un-clips), those the
+    upper clip could reach at all (A > 0, π_old < 1/(1 + ε_high)), and the upper clip fraction over
+    the last 10% of steps. Empty for runs logged before the histograms."""
+    rows = [r for r in run["rows"] if "clip_high_p_old_0" in r and r.get("update_tokens")]
+    if not rows:
+        return {}
+    tokens = np.array([r["update_tokens"] for r in rows], float)
+    hist = {side: np.array([[r[f"clip_{side}_p_old_{k}"] for k in range(10)] for r in rows]) * tokens[:, None]
+            for side in ("high", "low")}
+    out = {}
+    for side, h in hist.items():
+        total = h.sum()
+        if total > 0:
+            out[f"{side}_clip_p_old_lt02"] = h[:, :2].sum() / total
+            out[f"{side}_clip_p_old_mean"] = float((h.sum(0) * (np.arange(10) + 0.5) / 10).sum() / total)
+    for name, key in (("ratio_pos_between", "ratio_pos_5"), ("ratio_pos_above", "ratio_pos_6"),
+                      ("clip_high_possible", "clip_high_possible")):
+        if key in rows[0]:
+            out[name] = float(np.sum(np.array([r[key] for r in rows]) * tokens) / tokens.sum())
+    high = np.array([r["clip_frac_high"] for r in rows])
+    out["clip_high_end"] = high[-max(1, len(high) // 10):].mean()
+    out["clip_high_max"] = high.max()
     return out
 
 
-# ----------------------------------------------------------------------------- aggregating
-def mean_sd(values: list[float]) -> tuple[float, float | None]:
-    """Mean and sample sd (ddof 1; None for a single value)."""
-    v = np.asarray(values, float)
-    return float(v.mean()), (float(v.std(ddof=1)) if len(v) > 1 else None)
+def summarize_all(plan: Plan, rows: list[Row], target: float | None) -> tuple[dict, dict, float | None, list[str]]:
+    """Row key -> per-seed summaries, row key -> per-seed runs, the target used, and the runs left
+    out because they have not finished."""
+    runs, missing = {}, []
+    for row in rows:
+        runs[row.key] = []
+        for seed in plan.seeds:
+            if not is_finished(job(plan, row, seed)):
+                missing.append(f"{row.key}/seed{seed}")
+                continue
+            runs[row.key].append(read_run(run_dir(plan, row, seed), plan.steps))
+    if target is None:
+        target = default_target({k: [summarize_run(r, None) for r in v] for k, v in runs.items()}, 0.2)
+    summaries = {k: [{**summarize_run(r, target), **clip_summary(r)} for r in v] for k, v in runs.items()}
+    return summaries, runs, target, missing
 
 
-def fmt_cell(values: list, digits: int = 3) -> str:
-    """'mean ± sd' over the seeds that have a value; None entries are runs that never got there
-    ('not reached' when none did, else the mean over those that did and 'k/n')."""
-    present = [v for v in values if v is not None]
-    if not values:
-        return "–"
-    if not present:
-        return "not reached"
-    m, sd = mean_sd(present)
-    big = abs(m) >= 1000
-    f = (lambda x: f"{x:,.0f}") if big else (lambda x: f"{x:.{digits}f}")
-    cell = f(m) if sd is None else f"{f(m)} ± {f(sd)}"
-    return cell if len(present) == len(values) else f"{cell} ({len(present)}/{len(values)})"
-
-
-def column(summaries: list[dict], key: str) -> list:
-    """The key's value in each run's summary that has the metric at all (None = not reached)."""
-    return [s[key] for s in summaries if key in s]
+def equal_budget_table(rows: list[Row], runs: dict[str, list[dict]]) -> str:
+    """Held-out accuracy at equal numbers of generated responses (each run's evaluations interpolated
+    linearly in samples): at a quarter, half and all of the smallest total any run generated."""
+    totals = [series(r["rows"], "eval/accuracy", x="samples", G=r["G"])[0] for v in runs.values() for r in v]
+    totals = [x[-1] for x in totals if len(x)]
+    if not totals:
+        return "(no runs)"
+    budgets = [round(min(totals) * f) for f in (0.25, 0.5, 1.0)]
+    lines = ["| row | " + " | ".join(f"acc. at {b:,} samples" for b in budgets) + " |", "|---|" + "---|" * len(budgets)]
+    for row in rows:
+        curves = [series(r["rows"], "eval/accuracy", x="samples", G=r["G"]) for r in runs.get(row.key, [])]
+        cells = [fmt_cell([value_at(c, b) for c in curves]) if curves else "no runs" for b in budgets]
+        lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 OUTCOME_COLUMNS = [  # (header, summary key, digits)
@@ -390,191 +281,13 @@ DYNAMICS_COLUMNS = [
     ("clip low", "clip_low", 4), ("clip high", "clip_high", 4), ("zero-adv. groups", "zero_adv", 3),
     ("length-only groups", "length_only", 3), ("gen. rounds", "gen_rounds", 2),
 ]
-
-
-def markdown_table(rows: list[Row], summaries: dict[str, list[dict]], columns) -> str:
-    lines = ["| row | " + " | ".join(h for h, _, _ in columns) + " |",
-             "|---|" + "---|" * len(columns)]
-    for row in rows:
-        runs = summaries.get(row.key, [])
-        cells = [fmt_cell(column(runs, key), digits) if runs else "no runs" for _, key, digits in columns]
-        lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def default_target(summaries: dict[str, list[dict]]) -> float | None:
-    starts = [s["start_acc"] for runs in summaries.values() for s in runs if "start_acc" in s]
-    return round(float(np.mean(starts)) + 0.2, 3) if starts else None
-
-
-def summarize_all(plan: Plan, rows: list[Row], target: float | None) -> tuple[dict, dict, float | None, list[str]]:
-    """Row key -> per-seed summaries, row key -> per-seed runs, the target used, and the runs left
-    out because they have not finished `plan.steps` steps."""
-    runs, missing = {}, []
-    for row in rows:
-        runs[row.key] = []
-        for seed in plan.seeds:
-            path = run_dir(plan, row, seed)
-            if _done(path)["steps"] < plan.steps:
-                missing.append(f"{row.key}/seed{seed}")
-                continue
-            runs[row.key].append(read_run(path, plan.steps))
-    if target is None:
-        target = default_target({k: [summarize_run(r, None) for r in v] for k, v in runs.items()})
-    return {k: [summarize_run(r, target) for r in v] for k, v in runs.items()}, runs, target, missing
-
-
-# ----------------------------------------------------------------------------- figures
-# figure -> (title, rows compared, [(panel title, y label, metric, x)])
-FIGURES = {
-    "ablation_clip_higher": ("Clip-higher (DAPO Fig. 2)", ["grpo", "clip", "dapo-clip", "dapo"], [
-        ("Entropy of all generated responses", "nats / token", "entropy_generated", "step"),
-        ("Held-out accuracy", "avg@k", "eval/accuracy", "step")]),
-    "ablation_token_loss": ("Sequence-mean vs token-mean loss (DAPO Fig. 4)", ["overlong", "token", "dapo-token", "dapo"], [
-        ("Response length, mean", "tokens", "response_length_mean", "step"),
-        ("Response length, sd within a step", "tokens", "response_length_std", "step")]),
-    "ablation_dynamic_sampling": ("Dynamic sampling (DAPO Fig. 6)", ["token", "dapo"], [
-        ("Held-out accuracy vs steps", "avg@k", "eval/accuracy", "step"),
-        ("Held-out accuracy vs generated samples", "avg@k", "eval/accuracy", "samples")]),
-    "ablation_overlong": ("Overlong shaping (DAPO Fig. 5)", ["clip", "overlong", "dapo-overlong", "dapo"], [
-        ("Truncated responses", "fraction of generated", "truncated_fraction", "step"),
-        ("Held-out accuracy", "avg@k", "eval/accuracy", "step")]),
-}
-
-
-def write_figures(out_dir: Path, rows: list[Row], runs: dict[str, list[dict]], steps: int) -> list[Path]:
-    """One PNG per FIGURES entry that has data; per-step metrics smoothed over 5% of the steps."""
-    from dapo_jax.plot import Panel, plot_panels
-
-    by_key = {row.key: row for row in rows}
-    w = max(1, steps // 20)
-    # one colour per row in every figure; DAPO-minus rows dashed
-    order = ["grpo", "clip", "overlong", "token", "dapo", *(f"dapo-{k}" for k in TECHNIQUE_KEYS.values())]
-    styles = {row.label: {"color": f"C{order.index(row.key) % 10}",
-                          "linestyle": "--" if row.key.startswith("dapo-") else "-"} for row in rows}
-    written = []
-    for name, (title, keys, panel_specs) in FIGURES.items():
-        panels = []
-        for ptitle, ylabel, metric, x in panel_specs:
-            data = {}
-            for key in keys:
-                if key not in by_key or not runs.get(key):
-                    continue
-                curves = []
-                for run in runs[key]:
-                    xs, ys = series(run["rows"], metric, x=x, G=run["G"])
-                    curves.append((xs, ys if metric.startswith("eval/") else _smooth(ys, w)))
-                data[by_key[key].label] = [c for c in curves if len(c[0])]
-            xlabel = "training step" if x == "step" else "generated responses"
-            panels.append(Panel(ptitle, xlabel, ylabel, data))
-        path = plot_panels(out_dir / f"{name}.png", panels, suptitle=title, styles=styles)
-        if path is not None:
-            written.append(path)
-    return written
-
-
-# ----------------------------------------------------------------------------- the report
-def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout.splitlines():
-            if line.startswith("Model name:"):
-                model = line.split(":", 1)[1].strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    import jax
-
-    devices = ", ".join(sorted({d.device_kind for d in jax.devices()}))
-    return f"{model}, {os.cpu_count()} cores; jax {jax.__version__} on {devices}"
-
-
-def _fields(fields: dict) -> str:
-    return ", ".join(f"`{k}={yaml_value(v)}`" for k, v in fields.items())
-
-
-def row_definitions(rows: list[Row], settings: dict[str, tuple[dict, dict]],
-                    dropped: list[tuple[Row, Row]] = ()) -> str:
-    """The objective fields of each technique on / off, then which are on in each row."""
-    lines = ["| technique | on | off |", "|---|---|---|"]
-    lines += [f"| {TECHNIQUE_LABELS[t]} | {_fields(settings[t][0])} | {_fields(settings[t][1])} |" for t in TECHNIQUES]
-    lines += ["", "| row | run folder | " + " | ".join(TECHNIQUE_LABELS[t] for t in TECHNIQUES) + " |",
-              "|---|---|" + "---|" * len(TECHNIQUES)]
-    for row in rows:
-        on = " | ".join("on" if t in row.techniques else "off" for t in TECHNIQUES)
-        lines.append(f"| {row.label} | `{row.key}` | {on} |")
-    if dropped:
-        lines += ["", "Not run twice: " + "; ".join(f"{d.label} = {same.label}" for d, same in dropped) + "."]
-    return "\n".join(lines)
-
-
-def write_report(out: Path, plan: Plan, rows: list[Row], dropped: list, settings: dict, summaries: dict,
-                 target: float | None, figures: list[Path], command: str, missing: list[str]) -> str:
-    n_seeds = len(plan.seeds)
-    figs = "\n".join(f"![{p.stem}]({os.path.relpath(p, out.parent)})" for p in figures)
-    text = f"""# The DAPO ablation ladder in miniature
-
-Generated by `scripts/ablate.py`; the tables and figures are rewritten by every run of it.
-
-- Command: `{command}`
-- Config: `{plan.config}`, {plan.steps} steps, evaluation every {plan.eval_every} steps,
-  {n_seeds} seed(s) ({", ".join(map(str, plan.seeds))}: `train.seed`), runs in `{plan.runs_dir}/ROW/seedS`
-- Shared overrides (every row): {", ".join(f"`{o}`" for o in plan.common)}
-- Machine: {machine()}
-- Date: {datetime.date.today().isoformat()}
-{"- Unfinished or failed runs, left out of the tables: " + ", ".join(missing) if missing else ""}
-
-## Rows
-
-Each row is CONFIG with the shared overrides and, for each technique, its objective fields on or
-off; everything else is identical. "On" values are CONFIG's own (clip-higher: its eps_high, or 0.28
-if it has none).
-
-{row_definitions(rows, settings, dropped)}
-
-## Results
-
-Mean ± sd (sample sd) over seeds. Held-out accuracy is avg@k at the final step (best: the best
-evaluation). Target accuracy: **{"none" if target is None else f"{target:.3f}"}** (default: the mean
-step-0 accuracy + 0.2); "steps/samples to target" are those of the first evaluation at or above it
-(samples = generated responses, Σ generated groups × G, kept or not), averaged over the seeds that
-reached it ("k/n" when not all did). Wall time includes evaluation and compilation (a program an
-earlier row compiled comes from RUNS_DIR/.jax_cache, so the first row pays the most).
-
-{markdown_table(rows, summaries, OUTCOME_COLUMNS)}
-
-Training dynamics. H gen. = entropy of the sampling distribution over ALL generated responses
-(`entropy_generated`), H update = over the tokens the update trains on (`entropy`); "end" = mean over
-the last 10% of steps, "min" = the minimum of their 10%-of-steps moving average. Length: response
-tokens of the generated responses (mean over steps, sd of the per-step mean over steps, mean of the
-within-step sd). Truncated, clip low/high (fraction of update tokens clipped, `clip_frac_low/high`),
-zero-adv. groups (generated groups whose rewards are all equal) and gen. rounds: means over steps.
-
-{markdown_table(rows, summaries, DYNAMICS_COLUMNS)}
-
-Each technique's effect, row pair by row pair (the ladder's step and full DAPO without it): the
-difference of the seed means against the seed spread (the larger sample sd of the two rows).
-
-{effects_table(rows, summaries)}
-
-## Figures
-
-Mean curve and ±1 sd band over seeds; per-step metrics smoothed by a moving average over 5% of the steps.
-
-{figs}
-
-## Findings
-
-> **Placeholder, to be written by the lead after the full run.** Nothing in this section has been
-> measured yet; the tables above are what a run of the command produced.
-"""
-    # the Findings are written by hand: a rerun (e.g. --report-only) rewrites the rest and keeps them
-    previous = out.read_text() if out.exists() else ""
-    if "\n## Findings\n" in previous and "**Placeholder" not in previous.split("\n## Findings\n", 1)[1]:
-        text = text.split("## Findings\n", 1)[0] + "## Findings\n" + previous.split("\n## Findings\n", 1)[1]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    return text
-
+CLIP_COLUMNS = [
+    ("A>0, π_old < 1/(1+ε_high)", "clip_high_possible", 4),
+    ("clip high", "clip_high", 4), ("clip high, last 10%", "clip_high_end", 4), ("clip high, max step", "clip_high_max", 4),
+    ("clip low", "clip_low", 4), ("A>0, ρ in [1.2, 1.28)", "ratio_pos_between", 4), ("A>0, ρ ≥ 1.28", "ratio_pos_above", 4),
+    ("upper-clipped: π_old < 0.2", "high_clip_p_old_lt02", 3), ("upper-clipped: mean π_old", "high_clip_p_old_mean", 3),
+    ("lower-clipped: π_old < 0.2", "low_clip_p_old_lt02", 3), ("lower-clipped: mean π_old", "low_clip_p_old_mean", 3),
+]
 
 # Per technique, the metrics DAPO's paper says it moves (and held-out accuracy for all).
 EFFECT_METRICS = {
@@ -612,6 +325,252 @@ def effects_table(rows: list[Row], summaries: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------------------- figures
+# figure -> (title, rows compared, [(panel title, y label, metric, x)])
+FIGURES = {
+    "ablation_clip_higher": ("Clip-higher (DAPO Fig. 2)", ["grpo", "clip", "dapo-clip", "dapo"], [
+        ("Entropy of all generated responses", "nats / token", "entropy_generated", "step"),
+        ("Held-out accuracy", "avg@k", "eval/accuracy", "step")]),
+    "ablation_token_loss": ("Sequence-mean vs token-mean loss (DAPO Fig. 4)", ["overlong", "token", "dapo-token", "dapo"], [
+        ("Response length, mean", "tokens", "response_length_mean", "step"),
+        ("Response length, sd within a step", "tokens", "response_length_std", "step")]),
+    "ablation_dynamic_sampling": ("Dynamic sampling (DAPO Fig. 6)", ["token", "dapo"], [
+        ("Held-out accuracy vs steps", "avg@k", "eval/accuracy", "step"),
+        ("Held-out accuracy vs generated samples", "avg@k", "eval/accuracy", "samples")]),
+    "ablation_overlong": ("Overlong shaping (DAPO Fig. 5)", ["clip", "overlong", "dapo-overlong", "dapo"], [
+        ("Truncated responses", "fraction of generated", "truncated_fraction", "step"),
+        ("Held-out accuracy", "avg@k", "eval/accuracy", "step")]),
+}
+OFF_POLICY_FIGURES = {
+    "ablation_off_policy_fig2": ("Clip-higher, 16 updates per rollout (DAPO Fig. 2)", ["dapo-clip", "dapo"], [
+        ("Entropy of all generated responses", "nats / token", "entropy_generated", "step"),
+        ("Held-out accuracy", "avg@k", "eval/accuracy", "step"),
+        ("Held-out pass@k", "pass@k", "eval/pass@4", "step")]),
+    "ablation_off_policy_clip": ("Where the clip binds, per step", ["dapo-clip", "dapo"], [
+        ("Upper clip binds (A>0, ρ>1+ε_high)", "fraction of update tokens", "clip_frac_high", "step"),
+        ("Lower clip binds (A<0, ρ<1−ε_low)", "fraction of update tokens", "clip_frac_low", "step"),
+        ("A>0 with ρ in [1.2, 1.28)", "fraction of update tokens", "ratio_pos_5", "step")]),
+}
+
+
+def row_styles(rows: list[Row]) -> dict[str, dict]:
+    """One colour per row in every figure; DAPO-minus rows dashed."""
+    order = ["grpo", "clip", "overlong", "token", "dapo", *(f"dapo-{k}" for k in TECHNIQUE_KEYS.values())]
+    return {row.label: {"color": f"C{order.index(row.key) % 10}",
+                        "linestyle": "--" if row.key.startswith("dapo-") else "-"} for row in rows}
+
+
+def write_figures(out_dir: Path, rows: list[Row], runs: dict[str, list[dict]], steps: int,
+                  figures: dict = FIGURES) -> list[Path]:
+    """One PNG per `figures` entry that has data; per-step metrics smoothed over 5% of the steps."""
+    from dapo_jax.plot import Panel, plot_panels
+
+    by_key = {row.key: row for row in rows}
+    w = max(1, steps // 20)
+    written = []
+    for name, (title, keys, panel_specs) in figures.items():
+        panels = []
+        for ptitle, ylabel, metric, x in panel_specs:
+            data = {}
+            for key in keys:
+                if key not in by_key or not runs.get(key):
+                    continue
+                curves = []
+                for run in runs[key]:
+                    xs, ys = series(run["rows"], metric, x=x, G=run["G"])
+                    curves.append((xs, ys if metric.startswith("eval/") else smooth(ys, w)))
+                data[by_key[key].label] = [c for c in curves if len(c[0])]
+            xlabel = "training step" if x == "step" else "generated responses"
+            panels.append(Panel(ptitle, xlabel, ylabel, data))
+        path = plot_panels(out_dir / f"{name}.png", panels, suptitle=title, styles=row_styles(rows))
+        if path is not None:
+            written.append(path)
+    return written
+
+
+def clip_histograms(runs: list[dict]) -> dict[str, np.ndarray]:
+    """Per seed, the token counts of the whole run in each bin: {"high" / "low": [seeds, 10] (π_old of
+    the upper- / lower-clipped tokens), "pos": [seeds, 7] (ρ of the A > 0 tokens)}."""
+    out = {"high": [], "low": [], "pos": []}
+    for run in runs:
+        rows = [r for r in run["rows"] if "clip_high_p_old_0" in r and r.get("update_tokens")]
+        if not rows:
+            continue
+        tokens = np.array([r["update_tokens"] for r in rows], float)[:, None]
+        for name, prefix, n in (("high", "clip_high_p_old_", 10), ("low", "clip_low_p_old_", 10), ("pos", "ratio_pos_", 7)):
+            out[name].append((np.array([[r[f"{prefix}{k}"] for k in range(n)] for r in rows]) * tokens).sum(0))
+    return {k: np.array(v) for k, v in out.items() if v}
+
+
+def write_fig3(path: Path, rows: list[Row], runs: dict[str, list[dict]]) -> Path | None:
+    """DAPO's Figure 3 in miniature: the π_old of the tokens clipped at the upper bound and at the lower
+    bound (share of that side's clipped tokens per 0.1 bin; bars: all seeds pooled, whiskers: sd over
+    seeds), and the ratio distribution of the A > 0 tokens (fraction of update tokens, log scale)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from dapo_jax.objectives.diagnostics import RATIO_EDGES
+
+    hists = {row.key: clip_histograms(runs.get(row.key, [])) for row in rows}
+    if not any(h.get("high") is not None for h in hists.values()):
+        return None
+    styles = row_styles(rows)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.6), dpi=110)
+    width = 0.8 / max(1, len(rows))
+    for i, row in enumerate(rows):
+        h = hists[row.key]
+        color = styles[row.label]["color"]
+        for ax, side in zip(axes[:2], ("high", "low")):
+            if side not in h or h[side].sum() == 0:
+                continue
+            pooled = h[side].sum(0) / h[side].sum()
+            per_seed = h[side] / np.maximum(h[side].sum(1, keepdims=True), 1e-12)
+            err = per_seed.std(0, ddof=1) if len(per_seed) > 1 else None
+            x = np.arange(10) * 0.1 + 0.05 + (i - (len(rows) - 1) / 2) * width * 0.1
+            ax.bar(x, pooled, width=width * 0.1, color=color, yerr=err, capsize=2,
+                   label=f"{row.label} ({int(h[side].sum()):,} tokens)")
+        if "pos" in h:
+            total = h["pos"].sum()  # A > 0 tokens; as a fraction of them
+            x = np.arange(len(RATIO_EDGES) + 1) + (i - (len(rows) - 1) / 2) * width
+            axes[2].bar(x, h["pos"].sum(0) / max(total, 1e-12), width=width, color=color, label=row.label)
+    for ax, title in zip(axes[:2], ("Clipped at the upper bound (A>0, ρ>1+ε_high)",
+                                    "Clipped at the lower bound (A<0, ρ<1−ε_low)")):
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("π_old of the clipped token")
+        ax.set_ylabel("share of that side's clipped tokens")
+        ax.set_xticks(np.arange(0, 1.01, 0.2))
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    edges = ["<0.8", *[f"[{a},{b})" for a, b in zip(RATIO_EDGES, RATIO_EDGES[1:])], f"≥{RATIO_EDGES[-1]}"]
+    axes[2].set_xticks(np.arange(len(edges)), edges, fontsize=7)
+    axes[2].set_yscale("log")
+    axes[2].set_title("Ratio ρ = π_θ/π_old of the A>0 tokens", fontsize=9)
+    axes[2].set_ylabel("share of A>0 update tokens")
+    axes[2].legend(fontsize=7)
+    axes[2].grid(alpha=0.3)
+    fig.suptitle("Which tokens the clip stops (DAPO Fig. 3): all steps, all seeds", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+# ----------------------------------------------------------------------------- the report
+def _fields(fields: dict) -> str:
+    return ", ".join(f"`{k}={yaml_value(v)}`" for k, v in fields.items())
+
+
+def row_definitions(rows: list[Row], settings: dict[str, tuple[dict, dict]],
+                    dropped: list[tuple[Row, Row]] = ()) -> str:
+    """The objective fields of each technique on / off, then which are on in each row."""
+    lines = ["| technique | on | off |", "|---|---|---|"]
+    lines += [f"| {TECHNIQUE_LABELS[t]} | {_fields(settings[t][0])} | {_fields(settings[t][1])} |" for t in TECHNIQUES]
+    lines += ["", "| row | run folder | " + " | ".join(TECHNIQUE_LABELS[t] for t in TECHNIQUES) + " |",
+              "|---|---|" + "---|" * len(TECHNIQUES)]
+    for row in rows:
+        on = " | ".join("on" if t in row.techniques else "off" for t in TECHNIQUES)
+        lines.append(f"| {row.label} | `{row.key}` | {on} |")
+    if dropped:
+        lines += ["", "Not run twice: " + "; ".join(f"{d.label} = {same.label}" for d, same in dropped) + "."]
+    return "\n".join(lines)
+
+
+REGIME_TEXT = {
+    "on-policy": ("The DAPO ablation ladder in miniature", ""),
+    "off-policy": ("Clip-higher in DAPO's off-policy regime", """
+Each rollout batch is split into many optimizer steps (`optim.num_minibatches` in the shared
+overrides), as in DAPO (512 prompts per rollout in mini-batches of 32: 16 steps), so the later
+mini-batches are trained by a policy that has moved away from the π_old that sampled them and the clip
+can bind. The two rows are full DAPO with a symmetric clip and with clip-higher. `docs/ablation.md` is
+the on-policy ladder (2 updates per rollout), where the clip binds on 0.01-0.02% of the tokens.
+"""),
+}
+
+
+def write_report(out: Path, plan: Plan, rows: list[Row], dropped: list, settings: dict, summaries: dict,
+                 runs: dict, target: float | None, figures: list[Path], command: str, missing: list[str]) -> str:
+    n_seeds = len(plan.seeds)
+    figs = "\n".join(f"![{p.stem}]({os.path.relpath(p, out.parent)})" for p in figures)
+    title, intro = REGIME_TEXT[plan.regime]
+    clip_section = "" if plan.regime == "on-policy" else f"""
+Where the clip binds (fractions of update tokens, means over steps unless said; "upper-clipped: π_old
+< 0.2" = the share of the tokens clipped at the upper bound whose probability under π_old was below
+0.2, token-weighted over all steps; the `clip_high_p_old_K` / `clip_low_p_old_K` / `ratio_pos_K`
+histograms of `dapo_jax/objectives/diagnostics.py`):
+
+{markdown_table(rows, summaries, CLIP_COLUMNS)}
+"""
+    text = f"""# {title}
+
+Generated by `scripts/ablate.py`; the tables and figures are rewritten by every run of it.
+{intro}
+- Command: `{command}`
+- Config: `{rel(plan.config)}`, {plan.steps} steps, evaluation every {plan.eval_every} steps,
+  {n_seeds} seed(s) ({", ".join(map(str, plan.seeds))}: `train.seed`), runs in `{rel(plan.runs_dir)}/ROW/seedS`
+- Shared overrides (every row): {", ".join(f"`{o}`" for o in plan.common)}
+- Machine: {machine()}
+- Date: {datetime.date.today().isoformat()}
+{"- Unfinished or failed runs, left out of the tables: " + ", ".join(missing) if missing else ""}
+
+## Rows
+
+Each row is CONFIG with the shared overrides and, for each technique, its objective fields on or
+off; everything else is identical. "On" values are CONFIG's own (clip-higher: its eps_high, or 0.28
+if it has none).
+
+{row_definitions(rows, settings, dropped)}
+
+## Results
+
+Mean ± sd (sample sd) over seeds. Held-out accuracy is avg@k at the final step (best: the best
+evaluation). Target accuracy: **{"none" if target is None else f"{target:.3f}"}** (default: the mean
+step-0 accuracy + 0.2); "steps/samples to target" are those of the first evaluation at or above it
+(samples = generated responses, Σ generated groups × G, kept or not), averaged over the seeds that
+reached it ("k/n" when not all did). Wall time includes evaluation and compilation (a program an
+earlier row compiled comes from RUNS_DIR/.jax_cache, so the first row pays the most).
+
+{markdown_table(rows, summaries, OUTCOME_COLUMNS)}
+
+Held-out accuracy at equal budgets of generated samples (each run's evaluations interpolated in
+samples; dynamic sampling generates up to `max_gen_batches` rounds per step, so per step and per
+sample are different readings):
+
+{equal_budget_table(rows, runs)}
+
+Training dynamics. H gen. = entropy of the sampling distribution over ALL generated responses
+(`entropy_generated`), H update = over the tokens the update trains on (`entropy`); "end" = mean over
+the last 10% of steps, "min" = the minimum of their 10%-of-steps moving average. Length: response
+tokens of the generated responses (mean over steps, sd of the per-step mean over steps, mean of the
+within-step sd). Truncated, clip low/high (fraction of update tokens clipped, `clip_frac_low/high`),
+zero-adv. groups (generated groups whose rewards are all equal) and gen. rounds: means over steps.
+
+{markdown_table(rows, summaries, DYNAMICS_COLUMNS)}
+{clip_section}
+Each technique's effect, row pair by row pair: the difference of the seed means against the seed
+spread (the larger sample sd of the two rows).
+
+{effects_table(rows, summaries)}
+
+## Figures
+
+Mean curve and ±1 sd band over seeds; per-step metrics smoothed by a moving average over 5% of the steps.
+
+{figs}
+
+## Findings
+
+> **Placeholder, to be written by the lead after the full run.** Nothing in this section has been
+> measured yet; the tables above are what a run of the command produced.
+"""
+    text = keep_findings(out, text)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    return text
+
+
 # ----------------------------------------------------------------------------- main
 def default_config() -> Path:
     from dapo_jax.training.config import CONFIG_DIR
@@ -623,21 +582,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("config", nargs="?", type=Path, default=None, help="a DAPO run config: a recipe's "
                     "name or a YAML file (default: the main job, cot_dapo)")
+    ap.add_argument("--regime", choices=REGIMES, default="on-policy",
+                    help="on-policy: the ladder; off-policy: clip-higher with many updates per rollout")
     ap.add_argument("--seeds", type=int, default=3, help="seeds per row (train.seed = CONFIG's + 0..N-1)")
     ap.add_argument("--steps", type=int, default=None, help="training steps per run (default: CONFIG's; --quick: a tenth)")
     ap.add_argument("--eval-every", type=int, default=None,
                     help="held-out evaluation period (default: steps / 10; --quick: steps / 4)")
+    ap.add_argument("--lr", type=float, default=None, help=f"off-policy regime: the lr (default {OFF_POLICY_LR})")
     ap.add_argument("--quick", action="store_true", help="one seed, a tenth of the steps")
     ap.add_argument("--rows", default=None, help="comma-separated row keys to run (default: all)")
     ap.add_argument("--target", type=float, default=None, help="held-out accuracy target (default: step-0 mean + 0.2)")
-    ap.add_argument("--out", type=Path, default=REPO / "docs" / "ablation.md", help="the report (default: docs/ablation.md)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="the report (default: docs/ablation.md; off-policy: docs/ablation_off_policy.md)")
     ap.add_argument("--figures-dir", type=Path, default=None, help="default: figures/ beside --out")
-    ap.add_argument("--runs-dir", type=Path, default=None, help="default: runs/ablate (runs/ablate_quick with --quick)")
+    ap.add_argument("--runs-dir", type=Path, default=None,
+                    help="default: runs/ablate or runs/ablate_off_policy (+ _quick with --quick)")
     ap.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override for every row (repeatable), e.g. --set data.eval_size=200")
     ap.add_argument("--no-compile-cache", action="store_true",
                     help="do not cache compiled programs in RUNS_DIR/.jax_cache (a process-wide JAX setting)")
-    ap.add_argument("--jobs", type=int, default=min(len(available_cores()), 8),
+    ap.add_argument("--jobs", type=int, default=None,
                     help="runs trained at once, each in its own process on one core with one XLA thread "
                     "(default: the cores available, at most 8; 1: one after another in this process)")
     ap.add_argument("--only", default=None, help=argparse.SUPPRESS)  # ROW/SEED: a --jobs child's one run
@@ -646,23 +610,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.seeds < 1:
         ap.error("--seeds must be >= 1")
+    if args.lr is not None and args.regime != "off-policy":
+        ap.error("--lr is the off-policy regime's (the ladder keeps CONFIG's lr)")
     return args
 
 
 def main(argv=None) -> int:
+    from experiment import available_cores
+
     args = parse_args(argv)
     from dapo_jax.training.config import find_config, load_config
 
     config = find_config(args.config) if args.config else default_config()  # a recipe's name or a file
     cfg = load_config(config, args.extra)
+    off = args.regime == "off-policy"
     steps = args.steps or (max(10, cfg.train.steps // 10) if args.quick else cfg.train.steps)
     seeds = 1 if args.quick else args.seeds
-    runs_dir = args.runs_dir or REPO / "runs" / ("ablate_quick" if args.quick else "ablate")
+    name = "ablate_off_policy" if off else "ablate"
+    runs_dir = args.runs_dir or REPO / "runs" / (name + ("_quick" if args.quick else ""))
+    out = args.out or REPO / "docs" / ("ablation_off_policy.md" if off else "ablation.md")
     eval_every = args.eval_every or max(1, steps // (4 if args.quick else 10))
-    plan = make_plan(config, cfg, steps=steps, eval_every=eval_every, seeds=seeds,
-                     runs_dir=runs_dir, extra=tuple(args.extra))
+    plan = make_plan(config, cfg, steps=steps, eval_every=eval_every, seeds=seeds, runs_dir=runs_dir,
+                     extra=tuple(args.extra), regime=args.regime, lr=args.lr)
     settings = technique_settings(cfg.objective_config)
-    rows, dropped = define_rows(cfg.objective_config)
+    rows, dropped = define_rows(cfg.objective_config, args.regime)
     for row, same in dropped:
         print(f"[ablate] {row.label} is the same run as {same.label} ({same.key}): not run twice", flush=True)
     if args.rows:
@@ -674,31 +645,32 @@ def main(argv=None) -> int:
         rows = [r for r in rows if r.key in wanted]
     for row in rows:  # every row's config must validate before hours of training start
         load_config(config, run_overrides(plan, row, plan.seeds[0]))
-    print(f"[ablate] {config}: {len(rows)} rows x {len(plan.seeds)} seed(s), {steps} steps each, "
+    print(f"[ablate] {config} ({args.regime}): {len(rows)} rows x {len(plan.seeds)} seed(s), {steps} steps each, "
           f"eval every {plan.eval_every}, runs in {runs_dir}", flush=True)
     if not args.no_compile_cache:
-        # Rows share most programs (the samplers, and the update wherever the objective's static
-        # fields agree): XLA's persistent cache compiles each once for the whole ladder.
-        import jax
-
-        jax.config.update("jax_compilation_cache_dir", str(runs_dir / ".jax_cache"))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+        use_compile_cache(runs_dir)
     if args.only:  # a --jobs child: train one run, the parent writes the report
         key, _, seed = args.only.partition("/")
         row = next(r for r in rows if r.key == key)
-        return 1 if run_one(plan, row, int(seed), args.name or args.only) else 0
+        return 1 if run_one(job(plan, row, int(seed)), args.name or args.only, "ablate") else 0
     argv = list(argv if argv is not None else sys.argv[1:])
-    failed = [] if args.report_only else run_all(plan, rows, jobs=args.jobs, argv=argv)
+    jobs = [job(plan, row, seed) for row in rows for seed in plan.seeds]
+    n_jobs = args.jobs if args.jobs is not None else min(len(available_cores()), 8)
+    failed = [] if args.report_only else run_all(jobs, n_jobs=n_jobs, script=__file__, argv=argv, tag="ablate")
 
     summaries, runs, target, missing = summarize_all(plan, rows, args.target)
-    figures = write_figures(args.figures_dir or args.out.parent / "figures", rows, runs, steps)
+    figures_dir = args.figures_dir or out.parent / "figures"
+    figures = write_figures(figures_dir, rows, runs, steps, OFF_POLICY_FIGURES if off else FIGURES)
+    if off:
+        fig3 = write_fig3(figures_dir / "ablation_off_policy_fig3.png", rows, runs)
+        figures += [fig3] if fig3 is not None else []
     command = " ".join(["python", "scripts/ablate.py", *argv])
-    write_report(args.out, plan, rows, dropped, settings, summaries, target, figures, command, missing)
+    write_report(out, plan, rows, dropped, settings, summaries, runs, target, figures, command, missing)
     print(f"\ntarget held-out accuracy: {target}\n")
     print(markdown_table(rows, summaries, OUTCOME_COLUMNS))
     print()
-    print(markdown_table(rows, summaries, DYNAMICS_COLUMNS))
-    print(f"\n[ablate] wrote {args.out} and {len(figures)} figure(s)", flush=True)
+    print(markdown_table(rows, summaries, CLIP_COLUMNS if off else DYNAMICS_COLUMNS))
+    print(f"\n[ablate] wrote {out} and {len(figures)} figure(s)", flush=True)
     for line in failed:
         print(f"[ablate] FAILED {line}", file=sys.stderr)
     if missing:

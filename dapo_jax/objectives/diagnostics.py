@@ -43,6 +43,48 @@ def zero_advantage_groups(advantages, mask):
     return jnp.sum(zero.astype(jnp.float32)), jnp.sum(has_tokens.astype(jnp.float32))
 
 
+# DAPO's Figure 3 in miniature: where the clip binds. π_old = exp(old_logp) in ten bins of 0.1 (the
+# last one includes 1), and the ratio in the bins these edges make (below 0.8, [0.8, 0.9), ...,
+# [1.2, 1.28), 1.28 and above): [1.2, 1.28) with A > 0 is exactly what the symmetric 0.2 clip stops and
+# clip-higher's 0.28 lets through.
+P_OLD_BINS = 10
+RATIO_EDGES = (0.8, 0.9, 1.0, 1.1, 1.2, 1.28)
+
+
+def clip_histograms(old_logp, ratio, advantages, mask, *, eps_low: float, eps_high: float) -> dict:
+    """Histograms of the clipped tokens' π_old and of the ratio, as additive pairs.
+
+    old_logp, ratio, advantages, mask: [P, G, T] (ratio: the one the policy loss clips; advantages
+    broadcast to tokens). Every pair is (tokens in the bin, valid tokens), so a finalised value is a
+    fraction of the update's tokens and the bins of a name add up to its whole:
+      clip_high_p_old_K (K = 0..9): A > 0 and ρ > 1 + ε_high (the upper clip binds; their sum is
+        `clip_frac_high`) with π_old in [K/10, (K+1)/10);
+      clip_low_p_old_K: A < 0 and ρ < 1 − ε_low (sum: `clip_frac_low`);
+      ratio_pos_K / ratio_neg_K (K = 0..6): A > 0 / A < 0 with ρ in bin K of RATIO_EDGES;
+      clip_high_possible: A > 0 and π_old < 1 / (1 + ε_high), the only tokens the upper clip can ever
+        stop (ρ > 1 + ε_high needs π_θ > π_old·(1 + ε_high), and π_θ <= 1).
+    WHY: DAPO argues that the upper clip binds on low-probability tokens (exploration) and the lower one
+    on likely ones; whether that happens, and how much ratio mass sits in [1 + 0.2, 1 + 0.28), says
+    whether clip-higher can change anything in a given regime.
+    """
+    m = jnp.asarray(mask, jnp.float32)
+    adv = jnp.asarray(advantages, jnp.float32)
+    r = jnp.asarray(ratio, jnp.float32)
+    p_bin = jnp.clip(jnp.floor(jnp.exp(jnp.asarray(old_logp, jnp.float32)) * P_OLD_BINS), 0, P_OLD_BINS - 1)
+    r_bin = jnp.searchsorted(jnp.asarray(RATIO_EDGES, jnp.float32), r, side="right")
+    high = (adv > 0) & (r > 1.0 + eps_high)
+    low = (adv < 0) & (r < 1.0 - eps_low)
+    p_old = jnp.exp(jnp.asarray(old_logp, jnp.float32))
+    out = {"clip_high_possible": masked_sum_count((adv > 0) & (p_old * (1.0 + eps_high) < 1.0), m)}
+    for k in range(P_OLD_BINS):
+        out[f"clip_high_p_old_{k}"] = masked_sum_count(high & (p_bin == k), m)
+        out[f"clip_low_p_old_{k}"] = masked_sum_count(low & (p_bin == k), m)
+    for k in range(len(RATIO_EDGES) + 1):
+        out[f"ratio_pos_{k}"] = masked_sum_count((adv > 0) & (r_bin == k), m)
+        out[f"ratio_neg_{k}"] = masked_sum_count((adv < 0) & (r_bin == k), m)
+    return out
+
+
 def _kind(name: str) -> str:
     return "min" if name.endswith("_min") else "max" if name.endswith("_max") else "sum"
 

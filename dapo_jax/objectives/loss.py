@@ -76,6 +76,7 @@ def objective_terms(cfg: ObjectiveConfig, *, logp, old_logp, advantages, mask, r
       mask. metrics = {name: (value, count)}, combined by `diagnostics.combine_metrics` and turned into
       floats by `diagnostics.finalize_metrics`: policy_loss, kl (if in loss), entropy (if given),
       ratio_mean / _min / _max, approx_kl (k3 of π_old -> π_θ), clip_frac_low / _high / _dual,
+      clip_high_p_old_K / clip_low_p_old_K / ratio_pos_K / ratio_neg_K (`diagnostics.clip_histograms`),
       advantage_mean, advantage_sq_mean, zero_adv_group_frac, high_entropy_kept (if on),
       behaviour_ratio_mean / _min / _max, behaviour_masked_frac, behaviour_capped_frac (if corrected).
       With cfg.kind = "gdpo" the whole objective is `gdpo.gdpo_terms` (registry.OBJECTIVE_KINDS).
@@ -156,6 +157,7 @@ def objective_terms(cfg: ObjectiveConfig, *, logp, old_logp, advantages, mask, r
     metrics["clip_frac_low"] = diag.masked_sum_count((adv < 0) & (r < 1.0 - cfg.eps_low), m)
     dual = (adv < 0) & (r > cfg.dual_clip_c) if cfg.dual_clip_c is not None else jnp.zeros(m.shape, bool)
     metrics["clip_frac_dual"] = diag.masked_sum_count(dual, m)
+    metrics.update(diag.clip_histograms(old_logp, r, adv, m, eps_low=cfg.eps_low, eps_high=cfg.eps_high))
     metrics["advantage_mean"] = diag.masked_sum_count(adv, m)
     metrics["advantage_sq_mean"] = diag.masked_sum_count(jnp.square(adv), m)
     metrics["zero_adv_group_frac"] = diag.zero_advantage_groups(adv, m)

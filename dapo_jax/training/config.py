@@ -211,6 +211,9 @@ class WandbSection(_Section):
 
 class TrainSection(_Section):
     steps: int = Field(default=10, ge=0)  # optimizer steps (rollout + update); a resumed run goes on to it
+    # also stop once the steps have generated this many responses (Σ generated groups x G, kept or not;
+    # the step that passes it is the last): equal-budget comparisons (scripts/league.py); None = steps only
+    max_samples: int | None = Field(default=None, gt=0)
     seed: int = 0  # sampling keys (training and evaluation) and initialisation
     eval_every: int = Field(default=0, ge=0)  # 0 = only at the start and the end
     eval_k: int = Field(default=4, gt=0)  # samples per held-out problem (avg@k, pass@k, maj@k)

@@ -119,6 +119,7 @@ class _Run:
     group_filter: dict | None = None  # GFPO's streaming difficulty statistic (`GroupFilter.state_dict`)
     critic: Any = None  # the critic's TrainState (PPO / VAPO: training/critic.py)
     prefetched: Prefetched | None = None  # the next step's rollout, saved in flight (rollout.overlap)
+    samples: float = 0.0  # responses the steps have generated so far, kept or not (train.max_samples)
 
 
 def train(cfg: RunConfig) -> dict:
@@ -279,10 +280,11 @@ def train(cfg: RunConfig) -> dict:
                 writer.write(0, pre)
         bar = tqdm(total=cfg.train.steps, initial=run.step, disable=not (cfg.train.progress and main), desc="train")
         bar.set_postfix_str("the first step compiles its programs", refresh=True)  # until step 1's metrics
-        while run.step < cfg.train.steps:
+        while run.step < cfg.train.steps and not _budget_spent(cfg, run):
             step = run.step + 1
             t0 = time.perf_counter()
             groups, stats, run.carry = prefetch.take(step, state.params, run.carry)  # prefetched, else collected now
+            run.samples += stats.get("generated_groups", 0.0) * r.G
             t1 = time.perf_counter()
             if group_filter is not None:
                 stats.update(selection_stats(groups, group_filter))
@@ -344,6 +346,11 @@ def train(cfg: RunConfig) -> dict:
     return last
 
 
+def _budget_spent(cfg: RunConfig, run: _Run) -> bool:
+    """train.max_samples: the steps so far generated that many responses (the last step may pass it)."""
+    return cfg.train.max_samples is not None and run.samples >= cfg.train.max_samples
+
+
 def _restore(cfg: RunConfig, ckpt: Checkpointer, state: TrainState, stream, say,
              critic=None) -> tuple[TrainState, _Run]:
     """The newest good checkpoint's state and loop position (and `critic`'s state when given), or a
@@ -366,6 +373,7 @@ def _restore(cfg: RunConfig, ckpt: Checkpointer, state: TrainState, stream, say,
     run = _Run(restored.step, np.asarray(restored.meta["rng"], np.uint32), carry,
                int(restored.meta.get("steps_skipped", 0)), restored.meta.get("group_filter"), restored.critic,
                prefetched)
+    run.samples = float(restored.meta.get("generated_samples", 0.0))
     sources.resume_stream(stream, restored.meta["stream"], cfg, say)  # refuses changed data (one line, exit 2)
     quarantined = f" (unreadable newer checkpoint(s) {restored.quarantined} set aside)" if restored.quarantined else ""
     say(f"[dapo-jax] resumed from step {restored.step} in {ckpt.directory}{quarantined}", flush=True)
@@ -375,7 +383,7 @@ def _restore(cfg: RunConfig, ckpt: Checkpointer, state: TrainState, stream, say,
 def _save(ckpt: Checkpointer, state: TrainState, run: _Run, stream, prefetch: Prefetcher | None = None) -> None:
     ready = prefetch.drain() if prefetch is not None else None  # first the rollout in flight: its prompts are read
     meta = {"rng": [int(x) for x in np.asarray(run.rng).ravel()], "stream": stream.state_dict(),
-            "steps_skipped": run.steps_skipped}
+            "steps_skipped": run.steps_skipped, "generated_samples": run.samples}
     if run.group_filter is not None:
         meta["group_filter"] = run.group_filter
     carry, prefetched = pack(run.carry, ready)

@@ -26,7 +26,7 @@ from dapo_jax.training.config import ConfigError, RunConfig, save_config
 # Keys that may change between a run and its resume (they do not change the trajectory). The mesh
 # (`mesh.*`: its shape and the processes) is one of them: a checkpoint restores onto the new mesh's
 # shardings and the math is the same up to float reduction order.
-RESUMABLE_KEYS = {"train.steps", "train.progress", "train.tensorboard", "train.eval_every",
+RESUMABLE_KEYS = {"train.steps", "train.max_samples", "train.progress", "train.tensorboard", "train.eval_every",
                   "train.checkpoint_every", "train.keep_checkpoints", "train.run_dir", "train.fresh_start",
                   "train.max_nonfinite_steps", "train.rollouts_every", "train.rollouts_sample", "train.loggers",
                   "data.accept_changed"}

@@ -59,3 +59,85 @@ def test_combine_stacked_equals_combining_the_list():
         np.testing.assert_allclose(np.asarray(got[name][1]), np.asarray(want[name][1]))
     assert float(got["ratio_min"][0]) == min(float(p["ratio_min"][0]) for p in parts)
     assert float(got["ratio_max"][0]) == max(float(p["ratio_max"][0]) for p in parts)
+
+
+def np_clip_histograms(old_logp, ratio, adv, mask, eps_low, eps_high):
+    """The histograms with explicit loops: fractions of the valid tokens (float32 values and edges, as
+    the trainer's: float32(0.9) < 0.9, so a ratio of float32(0.9) is in [0.9, 1.0) on both sides)."""
+    edges = np.float32([0.8, 0.9, 1.0, 1.1, 1.2, 1.28])
+    want = {f"{n}_{k}": 0.0 for n in ("clip_high_p_old", "clip_low_p_old") for k in range(10)}
+    want.update({f"{n}_{k}": 0.0 for n in ("ratio_pos", "ratio_neg") for k in range(7)})
+    want["clip_high_possible"] = 0.0
+    valid = 0
+    for i in np.ndindex(mask.shape):
+        if mask[i] == 0:
+            continue
+        valid += 1
+        p, r, a = np.exp(np.float32(old_logp[i])), np.float32(ratio[i]), float(adv[i])
+        pk = min(int(np.floor(p * np.float32(10))), 9)
+        rk = sum(r >= e for e in edges)
+        if a > 0 and r > 1 + eps_high:
+            want[f"clip_high_p_old_{pk}"] += 1
+        if a < 0 and r < 1 - eps_low:
+            want[f"clip_low_p_old_{pk}"] += 1
+        if a > 0:
+            want[f"ratio_pos_{rk}"] += 1
+            want["clip_high_possible"] += float(p * np.float32(1 + eps_high) < 1)
+        if a < 0:
+            want[f"ratio_neg_{rk}"] += 1
+    return {k: v / max(valid, 1) for k, v in want.items()}
+
+
+def test_clip_histograms_match_numpy_and_split_over_micro_batches():
+    rng = np.random.default_rng(5)
+    shape = (4, 3, 7)
+    old = np.log(rng.uniform(0.001, 1.0, shape)).astype(np.float32)
+    old[0, 0, :3] = np.log(np.float32([0.1, 1.0, 0.95]))  # a bin edge, π_old = 1, the last bin
+    ratio = rng.uniform(0.6, 1.5, shape).astype(np.float32)
+    ratio[1, 0, :6] = [0.8, 0.9, 1.0, 1.2, 1.28, 1.21]  # exactly on the edges: the bin above
+    adv = np.repeat(rng.normal(size=shape[:2]).astype(np.float32)[..., None], shape[2], -1)
+    adv[2] = 0.0  # a zero-advantage group: in no ratio bin
+    mask = (rng.random(shape) < 0.8).astype(np.float32)
+    mask[3] = 0.0
+    got = diag.finalize_metrics(jax.jit(lambda *a: diag.clip_histograms(*a, eps_low=0.2, eps_high=0.2))(
+        old, ratio, adv, mask))
+    want = np_clip_histograms(old, ratio, adv, mask, 0.2, 0.2)
+    assert set(got) == set(want)
+    for k in want:
+        np.testing.assert_allclose(float(got[k]), want[k], atol=1e-7, err_msg=k)
+    assert sum(want[f"clip_high_p_old_{k}"] for k in range(10)) > 0  # the case is not vacuous
+    split = diag.finalize_metrics(diag.combine_metrics(
+        [diag.clip_histograms(old[s], ratio[s], adv[s], mask[s], eps_low=0.2, eps_high=0.2)
+         for s in (slice(0, 1), slice(1, 4))]))
+    for k in want:
+        np.testing.assert_allclose(float(split[k]), float(got[k]), rtol=1e-6, atol=1e-8)
+
+
+def test_clip_histograms_add_up_to_the_clip_fractions_of_the_objective():
+    from dapo_jax.objectives import ObjectiveConfig, objective_terms
+
+    rng = np.random.default_rng(2)
+    shape = (3, 4, 9)
+    old = np.log(rng.uniform(0.01, 1.0, shape)).astype(np.float32)
+    logp = (old + rng.normal(size=shape) * 0.3).astype(np.float32)
+    mask = (rng.random(shape) < 0.7).astype(np.float32)
+    adv = rng.normal(size=shape[:2]).astype(np.float32)
+    for eps_high in (0.2, 0.28):
+        cfg = ObjectiveConfig(eps_low=0.2, eps_high=eps_high)
+        _, _, metrics = objective_terms(cfg, logp=logp, old_logp=old, advantages=adv, mask=mask)
+        out = {k: float(v) for k, v in diag.finalize_metrics(metrics).items()}
+        assert out["clip_frac_high"] > 0 and out["clip_frac_low"] > 0
+        np.testing.assert_allclose(sum(out[f"clip_high_p_old_{k}"] for k in range(10)), out["clip_frac_high"], rtol=1e-5)
+        np.testing.assert_allclose(sum(out[f"clip_low_p_old_{k}"] for k in range(10)), out["clip_frac_low"], rtol=1e-5)
+        # the upper clip binds only where it can: π_old < 1 / (1 + ε_high)
+        assert 0 < out["clip_frac_high"] <= out["clip_high_possible"]
+        # every token with A != 0 is in one ratio bin
+        valid = mask > 0
+        nonzero = np.broadcast_to(adv[..., None], shape) != 0
+        np.testing.assert_allclose(sum(out[f"ratio_pos_{k}"] + out[f"ratio_neg_{k}"] for k in range(7)),
+                                   (valid & nonzero).sum() / valid.sum(), rtol=1e-5)
+        # the mass in [1.2, 1.28) with A > 0 is what the symmetric clip stops and clip-higher does not
+        ratio = np.exp(logp - old)
+        pos = np.broadcast_to(adv[..., None], shape) > 0
+        np.testing.assert_allclose(out["ratio_pos_5"], (valid & pos & (ratio >= 1.2) & (ratio < 1.28)).sum() / valid.sum(),
+                                   rtol=1e-5)

@@ -26,6 +26,7 @@ def _load_script():
 
 
 ablate = _load_script()
+experiment = sys.modules["experiment"]  # scripts/experiment.py, imported by the script
 
 
 # ----------------------------------------------------------------------------- rows
@@ -196,7 +197,7 @@ def test_script_end_to_end_two_steps_and_a_rerun_skips(tmp_path, monkeypatch):
         train_rows = [r for r in rows if "entropy_generated" in r]
         assert len(train_rows) == 2 and all(r["entropy_generated"] > 0 for r in train_rows)
         assert all("zero_adv_fraction" in r for r in train_rows)
-        assert f"training 2 steps in {run}" in (run / "ablate.log").read_text()  # the child's own log
+        assert f"training 2 steps in {run}" in (run / experiment.LOG_FILE).read_text()  # the child's own log
     text = out.read_text()
     assert "## Findings" in text and "Placeholder" in text
     results = text.split("## Results")[1]
@@ -283,7 +284,7 @@ def test_jobs_run_children_one_core_and_one_xla_thread_each_and_report_failures(
         write_run(run, [0.2, 0.3, 0.4], [0.5, 0.4, 0.3, 0.2], [4, 4, 4, 4])  # and marks it finished
         return subprocess.CompletedProcess(cmd, 0)
 
-    monkeypatch.setattr(ablate.subprocess, "run", fake_run)
+    monkeypatch.setattr(experiment.subprocess, "run", fake_run)
     out = tmp_path / "ablation.md"
     argv = [str(TINY), "--steps", "4", "--seeds", "1", "--rows", "grpo,dapo", "--out", str(out),
             "--runs-dir", str(tmp_path / "runs"), "--no-compile-cache", "--jobs", "2"]
@@ -336,3 +337,79 @@ def test_a_rerun_rewrites_tables_and_keeps_hand_written_findings(tmp_path, monke
     text = out.read_text()
     assert text.endswith("## Findings\n\nClip-higher never binds here.\n") and "**Placeholder" not in text
     assert "| naive GRPO | 0.400 |" in text  # the tables are rewritten
+
+
+# ----------------------------------------------------------------------------- the off-policy regime
+COT = REPO / "configs" / "cot_dapo.yaml"
+
+
+def test_off_policy_regime_is_dapo_with_and_without_clip_higher_in_many_minibatches(tmp_path):
+    cfg = load_config(COT)
+    plan = ablate.make_plan(COT, cfg, steps=7, eval_every=2, seeds=3, runs_dir=tmp_path, regime="off-policy")
+    rows, dropped = ablate.define_rows(cfg.objective_config, "off-policy")
+    assert [r.key for r in rows] == ["dapo-clip", "dapo"] and not dropped
+    runs = {r.key: load_config(COT, ablate.run_overrides(plan, r, 0)) for r in rows}
+    assert runs["dapo"].objective_config == cfg.objective_config  # full DAPO, CONFIG's own
+    assert changed(runs["dapo"], runs["dapo-clip"]) == {"eps_high"}
+    assert (runs["dapo-clip"].objective_config.eps_low, runs["dapo-clip"].objective_config.eps_high) == (0.2, 0.2)
+    for run in runs.values():  # 16 prompts per rollout: 16 optimizer steps of one group each, at the regime's lr
+        assert run.optim.num_minibatches == 16 and run.optim.lr == ablate.OFF_POLICY_LR
+        assert run.objective_config.dynamic_sampling and run.objective_config.kl_beta == 0.0
+    # as many mini-batches as the batch allows, up to 16
+    assert ablate.off_policy_minibatches(load_config(COT, ["rollout.train_batch=12", "rollout.gen_batch=12"])) == 12
+    assert ablate.off_policy_minibatches(load_config(COT, ["rollout.train_batch=24", "rollout.gen_batch=24"])) == 12
+    other = ablate.make_plan(COT, cfg, steps=7, eval_every=2, seeds=1, runs_dir=tmp_path, regime="off-policy", lr=3e-5)
+    assert load_config(COT, ablate.run_overrides(other, rows[0], 0)).optim.lr == 3e-5
+
+
+def write_clip_run(path: Path, hist_high: list[float], hist_low: list[float], tokens: list[float]):
+    """A fake run with the objective's clip histograms: step s has the given fractions times (s)."""
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(json.dumps({"rollout": {"G": G}}))
+    lines = []
+    for s, tok in enumerate(tokens, 1):
+        row = {"step": s, "update_tokens": tok, "generated_groups": 2, "clip_frac_high": s * sum(hist_high),
+               "clip_frac_low": sum(hist_low), "ratio_pos_5": 0.01 * s, "ratio_pos_6": 0.001,
+               "clip_high_possible": 0.1 / s}
+        row.update({f"clip_high_p_old_{k}": s * hist_high[k] for k in range(10)})
+        row.update({f"clip_low_p_old_{k}": hist_low[k] for k in range(10)})
+        row.update({f"ratio_pos_{k}": 0.1 for k in range(5)})
+        lines.append(row)
+    (path / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+
+
+def test_clip_summary_weights_the_steps_by_their_update_tokens(tmp_path):
+    high = [0.002, 0.001] + [0.0] * 7 + [0.001]  # per step s: s times these
+    low = [0.0] * 8 + [0.003, 0.001]
+    write_clip_run(tmp_path / "r", high, low, tokens=[100.0, 300.0])
+    s = ablate.clip_summary(ablate.read_run(tmp_path / "r"))
+    # upper-clipped tokens: step 1: 100·(0.002, 0.001, .., 0.001), step 2: 300·2·(...): share below 0.2 = 3/4
+    assert s["high_clip_p_old_lt02"] == pytest.approx(0.75)
+    assert s["high_clip_p_old_mean"] == pytest.approx((0.002 * 0.05 + 0.001 * 0.15 + 0.001 * 0.95) / 0.004)
+    assert s["low_clip_p_old_lt02"] == 0.0 and s["low_clip_p_old_mean"] == pytest.approx(0.875)
+    assert s["ratio_pos_between"] == pytest.approx((100 * 0.01 + 300 * 0.02) / 400)
+    assert s["clip_high_possible"] == pytest.approx((100 * 0.1 + 300 * 0.05) / 400)
+    assert s["clip_high_max"] == pytest.approx(0.008) and s["clip_high_end"] == pytest.approx(0.008)
+    assert ablate.clip_summary({"rows": [{"step": 1, "clip_frac_high": 0.1}], "G": G}) == {}  # older runs: no histograms
+    counts = ablate.clip_histograms([ablate.read_run(tmp_path / "r")])
+    np.testing.assert_allclose(counts["high"][0], 100 * np.array(high) + 600 * np.array(high))
+    np.testing.assert_allclose(counts["pos"][0][:5], [40.0] * 5)
+    rows, _ = ablate.define_rows(load_config(COT).objective_config, "off-policy")
+    path = ablate.write_fig3(tmp_path / "fig3.png", rows, {"dapo": [ablate.read_run(tmp_path / "r")]})
+    assert path is not None and path.stat().st_size > 0
+    assert ablate.write_fig3(tmp_path / "none.png", rows, {}) is None
+
+
+def test_equal_budget_table_interpolates_accuracy_in_samples(tmp_path):
+    rows, _ = ablate.define_rows(load_config(TINY).objective_config)
+    by_key = {r.key: r for r in rows}
+    # "token" generates 4 groups (16 responses) per step, "dapo" 8 (32): the same steps, twice the samples
+    write_run(tmp_path / "token", [0.2, 0.3, 0.4], [0.5] * 4, [4, 4, 4, 4])
+    write_run(tmp_path / "dapo", [0.2, 0.5, 0.6], [0.5] * 4, [8, 8, 8, 8])
+    runs = {"token": [ablate.read_run(tmp_path / "token")], "dapo": [ablate.read_run(tmp_path / "dapo")]}
+    table = ablate.equal_budget_table([by_key["token"], by_key["dapo"]], runs)
+    lines = table.splitlines()
+    assert lines[0] == "| row | acc. at 16 samples | acc. at 32 samples | acc. at 64 samples |"
+    # token: evaluations at 0, 32, 64 samples (0.2, 0.3, 0.4); dapo: at 0, 64, 128 (0.2, 0.5, 0.6)
+    assert lines[2] == f"| {by_key['token'].label} | 0.250 | 0.300 | 0.400 |"
+    assert lines[3] == f"| {by_key['dapo'].label} | 0.275 | 0.350 | 0.500 |"
