@@ -23,6 +23,11 @@ SIZES = {
                intermediate_size=768),
     "15m": dict(hidden_size=384, num_hidden_layers=9, num_attention_heads=6, num_key_value_heads=2, head_dim=64,
                 intermediate_size=1152),
+    # beyond the three above (`--sizes 2m,10m`): shapes the fast paths' defaults were not tuned on
+    "2m": dict(hidden_size=192, num_hidden_layers=4, num_attention_heads=6, num_key_value_heads=2, head_dim=32,
+               intermediate_size=576),
+    "10m": dict(hidden_size=320, num_hidden_layers=8, num_attention_heads=10, num_key_value_heads=2, head_dim=32,
+                intermediate_size=960),
 }
 LENGTH_DIM = 0  # the residual dimension that carries the constant EOS signal (see peers.build_model)
 PROMPT_ALPHABET = "abcdefghijklmnopqrstuvwxyz"

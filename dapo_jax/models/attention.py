@@ -42,7 +42,7 @@ import jax.numpy as jnp
 _NEG_INF = -1e30  # finite, so a masked score times 0 stays 0
 
 IMPLEMENTATIONS = ("reference", "blockwise", "splash", "gpu_flash")
-CPU_BLOCKWISE_FROM = 1024  # keys; below it the reference is faster on a CPU (docs/benchmarks.md)
+CPU_BLOCKWISE_FROM = 8192  # keys; below it the reference was faster on a CPU (docs/benchmarks.md, "Attention on a CPU")
 _PLATFORMS = {"splash": ("tpu",), "gpu_flash": ("gpu", "cuda", "rocm")}
 _INTERPRET = contextvars.ContextVar("dapo_jax_pallas_interpret", default=False)
 
