@@ -33,7 +33,8 @@ from dapo_jax.objectives.diagnostics import combine_stacked, finalize_metrics
 from dapo_jax.objectives.gae import advantages_and_targets, value_loss
 from dapo_jax.objectives.nll import nll_weights
 from dapo_jax.objectives.registry import AGGREGATIONS
-from dapo_jax.training.train_step import Batch, TrainState, _split, finite_update, init_train_state, make_optimizer
+from dapo_jax.training.train_step import (Batch, TrainState, _split, finite_update, init_train_state, make_optimizer,
+                                         map_prompt_chunks)
 
 
 class CriticBatch(NamedTuple):
@@ -145,14 +146,15 @@ class Critic:
                                   num_minibatches=optim.num_minibatches, micro_batches=optim.micro_batches)
         return cls(objective, graphdef, init(params, tx), update, cfg.optim.num_minibatches, cfg.optim.micro_batches)
 
-    def prepare(self, critic_params, batch: Batch, rewards, valid, correct, kl=None, *, objective=None):
+    def prepare(self, critic_params, batch: Batch, rewards, valid, correct, kl=None, *, objective=None, chunks: int = 1):
         """`(policy Batch with GAE advantages and NLL weights, CriticBatch)`; jit-able.
 
-        rewards, valid, correct: `[P, G]`; kl: `[P, G, T]` (KL in the reward) or None."""
+        rewards, valid, correct: `[P, G]`; kl: `[P, G, T]` (KL in the reward) or None; chunks: the values'
+        forward pass runs over `P / chunks` prompts at a time (`train_step.map_prompt_chunks`, exact)."""
         objective = objective or self.objective
         mask = batch.response_mask
-        values = critic_values(self.graphdef, critic_params, batch.prompt_ids, batch.prompt_mask,
-                               batch.response_ids, mask)
+        values = map_prompt_chunks(lambda *rows: critic_values(self.graphdef, critic_params, *rows), chunks,
+                                   batch.prompt_ids, batch.prompt_mask, batch.response_ids, mask)
         adv, targets = advantages_and_targets(objective, rewards, mask, values, kl, valid=valid)
         m = mask * jnp.asarray(valid, jnp.float32)[..., None]
         nll = policy_nll_weights(objective, m, correct, num_minibatches=self.num_minibatches,

@@ -143,17 +143,28 @@ def build_programs(cfg: RunConfig, *, policy, model_cfg, mesh, tx, schedule, scf
     )
     adv_objective = objective if reward_weights is None or objective.multi_reward != "normalize_then_sum" else \
         objective.model_copy(update={"reward_weights": tuple(float(w) for w in reward_weights)})
-    prepare = make_prepare(adv_objective, logprob, critic, recompute_old_logp=cfg.recompute_old_logp)
+    # the log-prob passes run the update's micro-batches of prompts one at a time: the same rows (and the
+    # same sharding) as a micro-batch of the update, so a batch whose update fits fits here too
+    prepare = make_prepare(adv_objective, logprob, critic, recompute_old_logp=cfg.recompute_old_logp,
+                           chunks=o.num_minibatches * o.micro_batches)
     return RunPrograms(generate, generate_eval, continuous, logprob, prepare, train_step, critic, o.packing,
                        share if o.packing else False, attention)
 
 
-def make_prepare(objective, logprob_fn, critic=None, *, recompute_old_logp: bool) -> Callable:
+def make_prepare(objective, logprob_fn, critic=None, *, recompute_old_logp: bool, chunks: int = 1) -> Callable:
     """The jitted step between the rollout and the update: recomputed log π_old (`recompute_old_logp`),
     the reference's log-probs and KL (when the objective has one), the advantages, and with a critic its
-    values, GAE and batch."""
+    values, GAE and batch.
+
+    chunks: each forward pass (π_old, π_ref, the critic's values) runs over `P / chunks` prompts at a time
+    (`train_step.map_prompt_chunks`, chunk j = prompts j, j + chunks, ... as the update's micro-batches):
+    exact, as rows are independent, and its activations are a chunk's, not the batch's. P must divide
+    into `chunks` (the run's train_batch does: config.py checks it for the update's split)."""
     from dapo_jax.objectives.loss import compute_advantages, token_kl
-    from dapo_jax.training.train_step import Batch
+    from dapo_jax.training.train_step import Batch, map_prompt_chunks
+
+    def logprobs(params, *rows):
+        return map_prompt_chunks(lambda *r: logprob_fn(params, *r)[0], chunks, *rows)
 
     @jax.jit
     def prepare(params, ref_params, prompt_ids, prompt_mask, response_ids, response_mask, old_logp,
@@ -162,17 +173,18 @@ def make_prepare(objective, logprob_fn, critic=None, *, recompute_old_logp: bool
         the step rewards `steps` instead of `rewards` when given: process supervision), and the
         critic's batch (None without a critic)."""
         behaviour_logp = old_logp  # log μ: the sampler's own log-probs
+        rows = (prompt_ids, prompt_mask, response_ids, response_mask)
         if recompute_old_logp:
-            old_logp, _ = logprob_fn(params, prompt_ids, prompt_mask, response_ids, response_mask)
+            old_logp = logprobs(params, *rows)
         ref_logp = jnp.zeros_like(old_logp)
         kl = None
         if ref_params is not None:
-            ref_logp, _ = logprob_fn(ref_params, prompt_ids, prompt_mask, response_ids, response_mask)
+            ref_logp = logprobs(ref_params, *rows)
             kl = token_kl(objective, old_logp, ref_logp)
         batch = Batch(prompt_ids, prompt_mask, response_ids, response_mask.astype(jnp.float32),
                       old_logp, None, ref_logp, behaviour_logp if objective.needs_behaviour_logp else None)
         if critic is not None:  # GAE on the critic's values, VAPO's NLL weights (training/critic.py)
-            return critic.prepare(critic_params, batch, rewards, valid, correct, kl)
+            return critic.prepare(critic_params, batch, rewards, valid, correct, kl, chunks=chunks)
         adv = compute_advantages(objective, rewards if steps is None else steps, response_mask, kl, valid=valid)
         adv = jnp.broadcast_to(adv[..., None] if adv.ndim == 2 else adv, response_mask.shape) * response_mask
         return batch._replace(advantages=adv), None

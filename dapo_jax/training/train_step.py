@@ -126,6 +126,24 @@ def _split(x: jax.Array, num_minibatches: int, micro_batches: int) -> jax.Array:
     return jnp.moveaxis(x, 0, 2)
 
 
+def map_prompt_chunks(fn: Callable, chunks: int, *arrays):
+    """`fn(*arrays)` computed `chunks` slices of the prompt axis at a time (`lax.map`), its outputs put
+    back in prompt order: the same values as one call when `fn` treats prompts independently (a forward
+    pass: every row's attention stays in its row), with the per-call activations of `P / chunks` prompts.
+
+    arrays: `[P, ...]` each, `P` divisible by `chunks`; chunk `j` holds prompts `j, j + chunks, ...`
+    (`_split`: with `P / chunks` divisible by the batch devices, each chunk keeps the rows' data/fsdp
+    layout with no data movement). fn's outputs: a tree of `[P / chunks, ...]` arrays."""
+    if chunks == 1:
+        return fn(*arrays)
+    p = arrays[0].shape[0]
+    if p % chunks:
+        raise ValueError(f"{p} prompts do not split into {chunks} chunks")
+    split = [_split(x, 1, chunks)[0] for x in arrays]  # [chunks, P / chunks, ...]
+    out = jax.lax.map(lambda xs: fn(*xs), split)
+    return jax.tree.map(lambda y: jnp.moveaxis(y, 0, 1).reshape(p, *y.shape[2:]), out)
+
+
 def make_train_step(
     graphdef,
     tx: optax.GradientTransformation,

@@ -58,3 +58,129 @@ def test_plan_compiles_the_programs_a_step_compiles(config, extra, compiles, tmp
     named = {r for r in ran if r[0] in names - {"jit(<lambda>)"}}
     assert named <= planned, sorted(named - planned)
     assert {p.phase for p in plan.programs} == {"rollout", "eval rollout", "log-prob", "update"}
+
+
+# --------------------------------------------------------------------------- the log-prob passes in chunks
+P, G, S, T, V = 8, 2, 5, 7, 32
+
+
+def _tiny(seed, layers=1):
+    from flax import nnx
+
+    from dapo_jax.models.config import ModelConfig
+    from dapo_jax.models.decoder import Decoder
+
+    cfg = ModelConfig(model_type="qwen2", vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=layers,
+                      num_attention_heads=2, num_key_value_heads=2, head_dim=8)
+    return Decoder(cfg, rngs=nnx.Rngs(seed))
+
+
+def _rollout(seed=0):
+    """Host arrays of a rollout batch: left-padded prompts, responses of every length (some empty)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    pmask = np.ones((P, S), np.int32)
+    pmask[0, :2] = pmask[5, :4] = 0
+    lengths = rng.integers(0, T + 1, size=(P, G))
+    rmask = (np.arange(T) < lengths[..., None]).astype(np.float32)
+    return (rng.integers(0, V, (P, S)).astype(np.int32), pmask, rng.integers(0, V, (P, G, T)).astype(np.int32), rmask,
+            (np.log(1 / V) + 0.2 * rng.normal(size=(P, G, T)) * rmask).astype(np.float32),
+            rng.choice([0.0, 1.0], (P, G)).astype(np.float32), rng.random((P, G)) < 0.9)
+
+
+@pytest.mark.parametrize("chunks, mesh_shape", [(2, None), (8, None), (4, (1, 2, 2))])
+def test_prepare_in_chunks_equals_one_pass(chunks, mesh_shape):
+    """log π_old, log π_ref, the KL they give (here in the reward) and the advantages are the same whether
+    the forward passes take the whole batch or `chunks` slices of its prompts, alone or with the rows
+    over fsdp=2 (and the weights over tensor=2): rows never attend to each other."""
+    import contextlib
+
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from dapo_jax.models.sharding import shard_model
+    from dapo_jax.objectives.config import ObjectiveConfig
+    from dapo_jax.parallel.mesh import batch_sharding, make_mesh
+    from dapo_jax.training.programs import make_prepare
+    from dapo_jax.training.train_step import make_logprob_fn
+
+    objective = ObjectiveConfig(kl_beta=0.1, kl_in="reward", advantage="reinforce_pp_baseline")
+    policy, ref = _tiny(0), _tiny(1)
+    mesh = None if mesh_shape is None else make_mesh(*mesh_shape, devices=jax.devices()[:4])
+    host = _rollout()
+    if mesh is not None:
+        shard_model(policy, mesh)
+        shard_model(ref, mesh)
+    graphdef, params = nnx.split(policy)
+    ref_params = nnx.split(ref)[1]
+    logprob = make_logprob_fn(graphdef, temperature=0.7)
+    out = {}
+    for n in (1, chunks):
+        prepare = make_prepare(objective, logprob, recompute_old_logp=True, chunks=n)
+        args = host if mesh is None else jax.device_put(host, batch_sharding(mesh))
+        with contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh):  # as the loop runs it
+            out[n] = prepare(params, ref_params, *args)[0]
+    whole, parts = out[1], out[chunks]
+    assert whole.advantages.ndim == 3 and float(np.abs(np.asarray(whole.advantages)).max()) > 0
+    assert float(np.abs(np.asarray(whole.ref_logp) - np.asarray(whole.old_logp)).max()) > 1e-3  # two models
+    for name in ("old_logp", "ref_logp", "advantages"):
+        np.testing.assert_allclose(np.asarray(getattr(parts, name)), np.asarray(getattr(whole, name)), rtol=1e-5,
+                                   atol=1e-6, err_msg=name)
+    if mesh is not None:
+        assert parts.old_logp.sharding.is_equivalent_to(batch_sharding(mesh), 3)
+
+
+def test_critic_values_in_chunks_equal_one_pass():
+    """The critic's value pass in the prepare step, whole or in 4 chunks of prompts: the same values,
+    GAE advantages and targets."""
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from dapo_jax.models.value_head import ValueModel
+    from dapo_jax.objectives.config import ObjectiveConfig
+    from dapo_jax.training.critic import Critic
+    from dapo_jax.training.train_step import Batch
+
+    objective = ObjectiveConfig(advantage="gae", critic_lambda=0.95)
+    graphdef, params = nnx.split(ValueModel(_tiny(2), rngs=nnx.Rngs(3)))
+    critic = Critic(objective, graphdef, None, None, 1, 1)
+    ids, pmask, rids, rmask, old, rewards, valid = map(jnp.asarray, _rollout(1))
+    batch = Batch(ids, pmask, rids, rmask, old, None, jnp.zeros_like(old))
+    out = {n: critic.prepare(params, batch, rewards, valid, valid, chunks=n) for n in (1, 4)}
+    assert float(jnp.abs(out[1][1].old_values).max()) > 0
+    for a, b in zip(jax_leaves(out[4]), jax_leaves(out[1])):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def jax_leaves(tree):
+    import jax
+    import numpy as np
+
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+def test_chunked_prepare_needs_a_fraction_of_the_memory():
+    """Compiled memory (not a timing): at 4 chunks the prepare step's temporaries are well under half of
+    one pass's (the reference attention's [B, S, S] blocks and the activations are a chunk's)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from dapo_jax.objectives.config import ObjectiveConfig
+    from dapo_jax.training.programs import make_prepare
+    from dapo_jax.training.train_step import make_logprob_fn
+
+    graphdef, params = nnx.split(_tiny(0))
+    logprob = make_logprob_fn(graphdef, temperature=1.0)
+    p, g, t = 16, 4, 200
+    sds = jax.ShapeDtypeStruct
+    args = (sds((p, S), jnp.int32), sds((p, S), jnp.int32), sds((p, g, t), jnp.int32), sds((p, g, t), jnp.float32),
+            sds((p, g, t), jnp.float32), sds((p, g), jnp.float32), sds((p, g), jnp.bool_))
+    temps = {}
+    for n in (1, 4):
+        prepare = make_prepare(ObjectiveConfig(), logprob, recompute_old_logp=True, chunks=n)
+        temps[n] = prepare.lower(params, None, *args).compile().memory_analysis().temp_size_in_bytes
+    assert temps[4] < 0.4 * temps[1], temps

@@ -323,3 +323,17 @@ def test_tied_entropies_keep_the_same_tokens_at_every_micro_batching_and_on_a_me
         np.testing.assert_allclose(float(metrics["loss"]), ref["loss"], rtol=1e-4, err_msg=where)
         for a, b_ in zip(leaves(state.params), expected):
             np.testing.assert_allclose(a, b_, rtol=1e-4, atol=1e-6, err_msg=where)
+
+
+def test_map_prompt_chunks_takes_the_update_split_and_puts_rows_back():
+    """Chunk j holds prompts j, j + chunks, ... (as `_split`'s micro-batches); outputs come back in prompt order."""
+    from dapo_jax.training.train_step import map_prompt_chunks
+
+    x = jnp.arange(12)
+    first = map_prompt_chunks(lambda c: jnp.broadcast_to(c.min(), c.shape), 4, x)  # each row: its chunk's first prompt
+    np.testing.assert_array_equal(first, np.arange(12) % 4)
+    pairs = map_prompt_chunks(lambda a, b: (a * 2, b[:, ::-1]), 3, x, jnp.arange(24).reshape(12, 2))
+    np.testing.assert_array_equal(pairs[0], np.arange(12) * 2)
+    np.testing.assert_array_equal(pairs[1], np.arange(24).reshape(12, 2)[:, ::-1])
+    with pytest.raises(ValueError, match="12 prompts do not split into 5 chunks"):
+        map_prompt_chunks(lambda c: c, 5, x)
