@@ -15,10 +15,11 @@ Assumptions (printed with the figures):
   shared prompts), an unpacked one every position of `S + T`; the log-prob passes are unpacked;
 - the update and log-prob passes at the chip's bf16 peak (an upper bound on speed: real runs reach a
   fraction of it, `mfu`, default 1.0);
-- the rollout: one generation round of `gen_batch` prompts; its prefill at the bf16 peak; `T` decode steps,
-  each the larger of its matmul FLOPs at the peak and the bytes it reads from HBM (the sampler's weights,
+- the rollout: `ceil(train_batch / gen_batch)` generation rounds of `gen_batch` prompts (the fewest that can
+  fill the batch; dynamic sampling may need more), each its prefill at the bf16 peak and `T` decode steps,
+  each step the larger of its matmul FLOPs at the peak and the bytes it reads from HBM (the sampler's weights,
   once all-gathered over fsdp, and each row's KV cache, about `S + 5T/8` slots with the sampler's blocks)
-  over the HBM bandwidth. Dynamic sampling may need more rounds; collectives are not counted.
+  over the HBM bandwidth; collectives are not counted.
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ def step_time(cfg: RunConfig, m, *, mesh: dict, chip, devices: int, response_tok
     step_flops = 2.0 * matmul_params(m) * rows + 4.0 * m.num_hidden_layers * m.num_attention_heads * m.head_dim * rows * context
     decode_s = t * max(step_bytes / bandwidth, step_flops / peak)
     prefill_s = r.gen_batch * forward_flops(m, s) / peak
-    seconds = {"rollout": prefill_s + decode_s, "log-prob": logprob_flops / peak, "update": update_flops / peak,
+    rounds = -(-p // r.gen_batch)  # a long-context recipe generates fewer prompts at a time than it trains on
+    seconds = {"rollout": rounds * (prefill_s + decode_s), "log-prob": logprob_flops / peak, "update": update_flops / peak,
                "critic": critic_flops / peak}
     step = sum(seconds.values())
     chips = devices / chip.devices_per_chip
@@ -88,15 +90,18 @@ def step_time(cfg: RunConfig, m, *, mesh: dict, chip, devices: int, response_tok
         "rollout_decode_step_ms": 1e3 * max(step_bytes / bandwidth, step_flops / peak),
         "decode_bound": "HBM bandwidth" if step_bytes / bandwidth >= step_flops / peak else "compute",
         "tokens_per_s_per_chip": trained / step / chips,
-        "generated_tokens_per_s_per_chip": rows * tbar / seconds["rollout"] / chips,
+        "generated_tokens_per_s_per_chip": rounds * rows * tbar / seconds["rollout"] / chips,
+        "rollout_rounds": rounds,
         "flops": {"update": update_flops, "log-prob": logprob_flops, "critic": critic_flops,
-                  "rollout prefill": r.gen_batch * forward_flops(m, s), "rollout decode": t * step_flops},
+                  "rollout prefill": rounds * r.gen_batch * forward_flops(m, s),
+                  "rollout decode": rounds * t * step_flops},
         "assumptions": [
             f"{chip.family}: {chip.bf16_tflops:g} TFLOP/s bf16 and {chip.hbm_gbps:g} GB/s HBM a chip ({chip.source})"
             + (f", at {mfu:.0%} of the peak" if mfu != 1.0 else ", at 100% of the peak (a lower bound on time)"),
             f"responses of {tbar} tokens, prompts of {s}; {'packed' if o.packing else 'unpacked'} update, "
             f"{train_k} forwards' worth of FLOPs per token ({'remat full' if train_k == 4 else 'forward + backward'})",
-            f"one rollout round of {r.gen_batch} prompts x {g}: {t} decode steps, each bound by "
+            f"{rounds} rollout round{'s' * (rounds > 1)} of {r.gen_batch} prompts x {g} (the fewest that fill "
+            f"train_batch {p}; dynamic sampling may need more): {t} decode steps each, each bound by "
             f"max(FLOPs / peak, bytes read / HBM bandwidth); collectives and host work not counted",
             "tokens/s per chip = train_batch x G x (prompt + response tokens) / step time / chips",
         ],

@@ -19,7 +19,9 @@ rollout runs during the update, on a copy of the parameters ("update + overlappe
 
 A model of more than three layers whose programs run their layers as a scan is compiled at 2 and 3 layers
 and extrapolated per layer (`plan_compile.extrapolate`: exact for a scan; `--exact` compiles the whole
-model). A program the TPU compiler refuses for lack of memory gives its "required" bytes as temporaries.
+model); on a TPU, a program the line gives under `SMALL` temporaries at the full depth is compiled whole
+(at 2 or 3 layers it may keep buffers in on-chip VMEM, which memory_analysis leaves out). A program the
+TPU compiler refuses for lack of memory gives its "required" bytes as temporaries.
 The capacity is the slice's usable HBM per device (`slices.py`), `--device-memory`, the device's own
 `memory_stats()`, or on a CPU the host's RAM shared by the mesh's devices.
 """
@@ -247,11 +249,9 @@ def make_plan(cfg: RunConfig, *, topology: str | None = None, device_memory_gib:
         with ThreadPoolExecutor(max(1, jobs)) as pool:
             for name, count, result in pool.map(run, pending):
                 measured.setdefault(name, {})[count] = result
-            # a small program may keep buffers in the TPU's on-chip VMEM (128 MiB on v5e) at 2 or 3 layers, which
-            # memory_analysis does not count, and not at the full depth, so its figures do not follow the line:
-            # compile those whole (small programs compile quickly)
-            small = {name for name, by in measured.items() if len(compile_at) > 1 and not by[compile_at[-1]][0].refused
-                     and by[compile_at[-1]][0].temporaries < SMALL and mesh.devices.flat[0].platform == "tpu"}
+            platform = mesh.devices.flat[0].platform
+            small = {name for name, by in measured.items() if len(by) > 1 and
+                     compile_whole({n: r[0] for n, r in by.items()}, layers, platform=platform)}
             again = [j for j in full.jobs() if j.name in small] if small else []
             pending = [(j.name, layers, lower_for(j.lower, target=key, args=(j.args, j.kwargs), resident=j.resident,
                                                   held=j.held, cache=cache)) for j in again]
@@ -279,7 +279,7 @@ def make_plan(cfg: RunConfig, *, topology: str | None = None, device_memory_gib:
                 capacity, capacity_source, versions, slice_name=tpu_slice.name if tpu_slice else None)
     if len(compile_at) > 1:
         plan.notes.append(f"programs compiled at {compile_at[0]} and {compile_at[1]} layers are extrapolated to {layers} "
-                          f"(the layers' buffers grow by the same bytes per layer); on a TPU, those with under "
+                          f"(the layers' buffers grow by the same bytes per layer); on a TPU, those the line gives under "
                           f"{SMALL >> 20} MiB of temporaries are compiled whole; --exact compiles all {layers} layers")
     if estimate is not None:
         from dapo_jax.training.estimate import step_time
@@ -287,6 +287,21 @@ def make_plan(cfg: RunConfig, *, topology: str | None = None, device_memory_gib:
         plan.estimate = step_time(cfg, model_cfg, mesh=dict(mesh.shape), chip=tpu_slice.chip if tpu_slice else None,
                                   devices=n, share_prompts=full.programs.share_prompts, **estimate)
     return plan
+
+
+def compile_whole(by_layers: dict[int, Figures], layers: int, *, platform: str) -> bool:
+    """Whether a program compiled at two depths (`{layer count: Figures}`) is compiled again at all `layers`.
+
+    On a TPU a small program may keep buffers in on-chip VMEM (128 MiB on v5e) at 2 or 3 layers, which
+    memory_analysis does not count, and not at the full depth, so its figures leave the line (a Qwen2.5-0.5B
+    AdamW update: 0.36 GiB of temporaries by the line, 0.68 GiB compiled whole): those the line puts under
+    `SMALL` at the full depth are compiled whole, as small programs compile quickly. A large one follows the
+    line (the AdamW update of 32B parameters: 4.025 GiB by the line, 4.039 whole) and its whole compile
+    took longer than all the others together, so it is not."""
+    if platform != "tpu" or len(by_layers) < 2:
+        return False
+    (l0, f0), (l1, f1) = sorted(by_layers.items())[:2]
+    return not (f0.refused or f1.refused) and extrapolate(f0, f1, l0, l1, layers).temporaries < SMALL
 
 
 def shard_bytes_of(tree) -> int:
@@ -328,5 +343,5 @@ def set_cpu_devices(n: int) -> None:
         raise ConfigError(f"--cpu-devices {n}: {e}") from e
 
 
-__all__ = ["EXTRAPOLATE_FROM", "PhasePlan", "Plan", "ProgramPlan", "make_plan", "phases", "plan_devices",
+__all__ = ["EXTRAPOLATE_FROM", "PhasePlan", "Plan", "ProgramPlan", "compile_whole", "make_plan", "phases", "plan_devices",
            "plan_model_config", "set_cpu_devices"]

@@ -1,5 +1,6 @@
 """The step-time ESTIMATE (training/estimate.py) against FLOPs and bytes counted by hand for the tiny model."""
 
+import jax.numpy as jnp
 import pytest
 
 from dapo_jax.training.config import load_config
@@ -57,3 +58,22 @@ def test_decode_is_bandwidth_bound_until_the_batch_is_large(tiny_model):
         vocab_size=200_000), mesh={"data": 1, "fsdp": 1, "tensor": 1}, chip=CHIPS["v5e"], devices=1)
     assert big["decode_bound"] == "compute"
     assert step_time(load_config(TINY), tiny_model, mesh=MESH, chip=None, devices=4).get("seconds") is None
+
+
+def test_rollout_counts_the_rounds_that_fill_the_batch(tiny_model):
+    """train_batch 16 from rounds of 4 prompts: at least 4 rounds, each with its prefill and T decode steps."""
+    one = step_time(load_config(TINY), tiny_model, mesh=MESH, chip=CHIPS["v5e"], devices=4)  # gen_batch 32 >= 16
+    assert one["rollout_rounds"] == 1
+    cfg = load_config(TINY, ["rollout.gen_batch=4", "rollout.max_gen_batches=8"])
+    est = step_time(cfg, tiny_model, mesh=MESH, chip=CHIPS["v5e"], devices=4)
+    t, s = 6, 8
+    peak, bandwidth = 197e12 * 4, 819e9
+    size = jnp.dtype(cfg.sampler_dtype).itemsize
+    rows, context, kv = 4 * 8, s + 5 * t / 8, 2 * 2 * 2 * 16 * size  # k and v, 2 layers, 2 KV heads, D 16
+    step_bytes = matmul_params(tiny_model) * size + rows / 4 * context * kv
+    step_flops = 2.0 * matmul_params(tiny_model) * rows + 4.0 * 2 * 4 * 16 * rows * context
+    per_round = 4 * forward_flops(tiny_model, s) / peak + t * max(step_bytes / bandwidth, step_flops / peak)
+    assert est["rollout_rounds"] == 4
+    assert est["seconds"]["rollout"] == pytest.approx(4 * per_round)
+    assert est["generated_tokens_per_s_per_chip"] == pytest.approx(4 * rows * t / est["seconds"]["rollout"] / 4)
+    assert any("4 rollout rounds of 4 prompts" in a for a in est["assumptions"])

@@ -114,3 +114,21 @@ def test_small_tpu_programs_are_compiled_whole(tmp_path):
     exact = make_plan(cfg, exact=True, **kw)  # the same 8-layer program: from the cache
     (p,), (e,) = plan.programs, exact.programs
     assert p.layers == (8,) and e.cached and p.figures.added == e.figures.added
+
+
+def test_only_programs_small_at_full_depth_are_compiled_whole():
+    """The rule on figures compiled at 2 and 3 layers (GiB of temporaries, the line to the full depth): the
+    0.5B AdamW update (0.293, 0.296 -> 0.36 at 24) is compiled whole on a TPU; the 32B one (0.305, 0.365 ->
+    4.0 at 64) is not, nor anything refused or compiled for a CPU."""
+    from dapo_jax.training.plan import compile_whole
+    from dapo_jax.training.plan_compile import Figures
+
+    def figs(*gib, refused=None):
+        return {n: Figures(0, 0, int(g * 2**30), 0, refused=refused) for n, g in zip((2, 3), gib)}
+
+    assert compile_whole(figs(0.293, 0.296), 24, platform="tpu")
+    assert not compile_whole(figs(0.305, 0.365), 64, platform="tpu")
+    assert compile_whole(figs(0.305, 0.365), 4, platform="tpu")  # 0.43 GiB at 4 layers
+    assert not compile_whole(figs(0.293, 0.296), 24, platform="cpu")
+    assert not compile_whole(figs(0.1, 0.1, refused="RESOURCE_EXHAUSTED"), 24, platform="tpu")
+    assert not compile_whole({2: figs(0.1, 0.1)[2]}, 24, platform="tpu")
