@@ -81,6 +81,26 @@ class Actor:
         key = jax.random.fold_in(jax.random.fold_in(self.key, step), round_idx)
         return sampler, ids, mask, key
 
+    def precompile(self, sampler) -> None:
+        """Compiles what the first round runs, as `sample_round` calls it (training/compile_ahead.py): the
+        sampler, for `policy.sampler(params)` given by its shapes and layouts, and the reward shaping's and
+        dynamic sampling's array operations on a round's shapes."""
+        from dapo_jax.objectives.loss import dynamic_sampling_keep, shape_rewards
+
+        r, objective = self.cfg.rollout, self.cfg.objective_config
+        if self.continuous is not None:  # its programs compile as the stream admits and decodes
+            return
+        lo, hi = self.share.rows(r.gen_batch)
+        ids = np.zeros((hi - lo, max(self.stream.buckets)), np.int32)
+        self.generate.lower(*self._generate_inputs(1, 0, sampler, ids, ids)).compile()
+        pg, t = (hi - lo, r.G), r.max_new_tokens
+        shape_rewards(objective, np.zeros(pg, np.float32), np.zeros(pg, np.int32), np.zeros(pg, bool),
+                      np.zeros((*pg, t), np.int32))
+        if objective.dynamic_sampling:
+            n = (r.gen_batch, r.G)  # judged on the whole round, gathered
+            dynamic_sampling_keep(objective, correct=np.zeros(n, bool), rewards=np.zeros(n, np.float32),
+                                  valid=np.ones(n, bool))
+
     def score(self, prompts, out) -> Groups:
         """Decode, reward, overlong shaping and GFPO's selection of one batch of this process's rows; every
         process gets the whole batch back, in row order."""

@@ -28,6 +28,7 @@ from dapo_jax.training import sources
 from dapo_jax.training.actor import Actor
 from dapo_jax.training.build import build_mesh, load_model, load_tokenizer, load_trained_model, sampling_config
 from dapo_jax.training.checkpoint import Checkpointer
+from dapo_jax.training.compile_ahead import CompileAhead, abstract
 from dapo_jax.training.config import RunConfig
 from dapo_jax.training.critic import Critic
 from dapo_jax.training.evaluate import eval_key, evaluate
@@ -39,6 +40,7 @@ from dapo_jax.training.metrics import MetricsWriter, compile_count
 from dapo_jax.training.overlap import Prefetcher
 from dapo_jax.training.programs import attention_report, build_programs, run_optimizer
 from dapo_jax.training.report import Progress, counters, step_row
+from dapo_jax.training.rollout import Groups
 from dapo_jax.training.rollout_log import RolloutLog
 from dapo_jax.training.run_dir import RunDir
 from dapo_jax.training.run_state import restore, save
@@ -120,6 +122,9 @@ def train(cfg: RunConfig) -> dict:
         prefetch = Prefetcher(actor.collect, context=lambda: jax.set_mesh(mesh), ready=run.prefetched)  # overlap.py
         cleanup.callback(prefetch.close)
         checkpoint = functools.partial(save, ckpt, stream=stream, prefetch=prefetch, group_filter=group_filter)
+        # the rollout's sampler and the update compile on other threads during eval@0 and the first rollout
+        ahead = _compile_ahead(cfg, actor, learner, state, run, scorer, mesh)
+        cleanup.callback(ahead.close)
 
         last = evaluation(0, state.params) if run.step == 0 else {}
         evaluated_at = 0 if run.step == 0 else None
@@ -133,6 +138,7 @@ def train(cfg: RunConfig) -> dict:
             state, run, out = rl_step(run.step + 1, state, run, rollouts=prefetch, learner=learner, group_size=r.G,
                                       prefetch_next=r.overlap and run.step + 1 < cfg.train.steps)
             step = run.step
+            ahead.wait()  # every program step 1 ran is compiled: nothing compiles after it (a no-op after)
             rollout_log.write(step, out.groups, out.advantages)
             last = writer.write(step, step_row(out, run, stream, scorer))
             progress.update(out, run)
@@ -187,6 +193,24 @@ class Evaluation:
 
     def _generate(self, params, ids, mask, key):
         return self.generate(params, *to_global((ids, mask), self.rows), key)
+
+
+def _compile_ahead(cfg: RunConfig, actor: Actor, learner: Learner, state, run, scorer, mesh) -> CompileAhead:
+    """The first step's rollout and update, compiled in the background (training/compile_ahead.py) while the
+    main thread evaluates at step 0 and samples; nothing when no step is left to run. The jobs see the
+    states by their shapes and layouts only: the first update donates the arrays."""
+    from dapo_jax.parallel.mesh import committed
+
+    if run.step >= cfg.train.steps:
+        return CompileAhead([])
+    r = cfg.rollout
+    blank = Groups.blank(r.train_batch, cfg.data.max_prompt_length, r.G, r.max_new_tokens,
+                         steps=r.max_new_tokens if learner.step_rewards else 0, parts=len(scorer.weights))
+    sampler = abstract(actor.policy.sampler(state.params))
+    state, critic = abstract(committed(state)), abstract(committed(run.critic))  # as the updates commit them
+    return CompileAhead([("rollout", functools.partial(actor.precompile, sampler)),
+                         ("update", functools.partial(learner.precompile, state, blank, critic))],
+                        context=lambda: jax.set_mesh(mesh))
 
 
 def _silent(*args, **kwargs) -> None:

@@ -104,6 +104,22 @@ class Learner:
         return ((self.policy.trainer(params), self.reference, *to_global(host, self.rows)),
                 {"steps": to_global(steps, self.rows), **critic_in})
 
+    def precompile(self, state: TrainState, groups: Groups, critic_state=None) -> list:
+        """Compiles `advantages` and `update` for a batch shaped like `groups` (training/compile_ahead.py):
+        `prepare` here; returns the update's programs as `(name, compile)` jobs, to compile in parallel."""
+        from dapo_jax.training.compile_ahead import compiled_outputs
+
+        args, kwargs = self._prepare_inputs(state.params, groups, critic_state)
+        batch, critic_batch = compiled_outputs(self.prepare, *args, **kwargs)
+        kw = self.policy.step_kwargs
+        if hasattr(self.train_step, "precompile"):  # the packed update: a program per chunk height
+            jobs = self.train_step.precompile(state, batch, **kw)
+        else:
+            jobs = [("update", lambda: self.train_step.lower(state, batch, **kw).compile())]
+        if self.critic is not None:
+            jobs.append(("critic update", lambda: self.critic.update.lower(critic_state, critic_batch).compile()))
+        return jobs
+
     def update(self, state: TrainState, critic_state, batch, critic_batch):
         """`(state, critic_state, metrics on the host)` after the step's updates."""
         state, metrics = self.train_step(state, batch, **self.policy.step_kwargs)
