@@ -195,7 +195,8 @@ def test_script_end_to_end_two_steps_and_a_rerun_skips(tmp_path, monkeypatch):
     results = text.split("## Results")[1]
     assert "| DAPO (+ dynamic sampling) |" in results and "| naive GRPO |" not in results
     table_rows = [x for x in results.splitlines() if x.startswith("| DAPO (+ dynamic sampling)")]
-    assert len(table_rows) == 2 and all(" ± " not in x for x in table_rows)  # one seed: no sd
+    # outcomes, accuracy at equal budgets of samples, dynamics: one row each; one seed: no sd
+    assert len(table_rows) == 3 and all(" ± " not in x for x in table_rows)
     figures = sorted(p.name for p in (tmp_path / "docs" / "figures").glob("ablation_*.png"))
     assert figures == ["ablation_clip_higher.png", "ablation_dynamic_sampling.png", "ablation_overlong.png",
                        "ablation_token_loss.png"]  # each with the one row it has
