@@ -310,8 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     """Exit codes: 0 done; 2 a user error (one line naming the key, file or row); 3 dynamic sampling
     starved, or `plan`: the run does not fit; 4 non-finite updates kept coming; 6 a checkpoint could not
     be saved; 7 another process of a multi-process run is gone; 143 stopped by SIGTERM after saving a
-    checkpoint (or before the first step, with nothing to save)."""
-    from dapo_jax.training.guards import RunStopped
+    checkpoint (or before the first step, with nothing to save); 130 stopped by Ctrl-C (SIGINT), the same
+    way (a second Ctrl-C, or one outside training: at once, without saving)."""
+    from dapo_jax.training.guards import INTERRUPTED_EXIT_CODE, RunStopped
 
     args = build_parser().parse_args(argv)
     if args.command in ("train", "eval"):  # a rerun or resume reads its compiled programs back (compile_cache.py)
@@ -335,6 +336,10 @@ def main(argv: list[str] | None = None) -> int:
     except _user_errors() as e:
         print(f"dapo-jax: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C outside a run's steps, or twice during one (training/guards.py)
+        print("dapo-jax: Interrupted: Ctrl-C: stopped without saving; rerun the same command to start or resume "
+              "(from the last checkpoint)", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
 
 
 if __name__ == "__main__":

@@ -56,17 +56,20 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiment.py beside this script
 
 from experiment import (  # noqa: E402
+    FINDINGS_PLACEHOLDER,
     DONE_FILE,
     SINGLE_THREAD_XLA,
     Job,
+    add_run_arguments,
     column,
+    default_config,
     default_target,
     fmt_cell,
     is_finished,
-    keep_findings,
     machine,
     markdown_table,
     mean_sd,
+    pick_rows,
     read_run,
     rel,
     run_all,
@@ -76,6 +79,7 @@ from experiment import (  # noqa: E402
     summarize_run,
     use_compile_cache,
     value_at,
+    write_page,
     yaml_value,
 )
 
@@ -560,24 +564,11 @@ Mean curve and ±1 sd band over seeds; per-step metrics smoothed by a moving ave
 
 {figs}
 
-## Findings
-
-> **Placeholder, to be written by the lead after the full run.** Nothing in this section has been
-> measured yet; the tables above are what a run of the command produced.
-"""
-    text = keep_findings(out, text)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    return text
+{FINDINGS_PLACEHOLDER}"""
+    return write_page(out, text)
 
 
 # ----------------------------------------------------------------------------- main
-def default_config() -> Path:
-    from dapo_jax.training.config import CONFIG_DIR
-
-    return CONFIG_DIR / "cot_dapo.yaml"
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("config", nargs="?", type=Path, default=None, help="a DAPO run config: a recipe's "
@@ -597,16 +588,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--figures-dir", type=Path, default=None, help="default: figures/ beside --out")
     ap.add_argument("--runs-dir", type=Path, default=None,
                     help="default: runs/ablate or runs/ablate_off_policy (+ _quick with --quick)")
-    ap.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
-                    help="a config override for every row (repeatable), e.g. --set data.eval_size=200")
-    ap.add_argument("--no-compile-cache", action="store_true",
-                    help="do not cache compiled programs in RUNS_DIR/.jax_cache (a process-wide JAX setting)")
-    ap.add_argument("--jobs", type=int, default=None,
-                    help="runs trained at once, each in its own process on one core with one XLA thread "
-                    "(default: the cores available, at most 8; 1: one after another in this process)")
-    ap.add_argument("--only", default=None, help=argparse.SUPPRESS)  # ROW/SEED: a --jobs child's one run
-    ap.add_argument("--name", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--report-only", action="store_true", help="train nothing: tables and figures from the runs there")
+    add_run_arguments(ap)
     args = ap.parse_args(argv)
     if args.seeds < 1:
         ap.error("--seeds must be >= 1")
@@ -636,13 +618,9 @@ def main(argv=None) -> int:
     rows, dropped = define_rows(cfg.objective_config, args.regime)
     for row, same in dropped:
         print(f"[ablate] {row.label} is the same run as {same.label} ({same.key}): not run twice", flush=True)
-    if args.rows:
-        wanted = [k.strip() for k in args.rows.split(",") if k.strip()]
-        unknown = sorted(set(wanted) - {r.key for r in rows})
-        if unknown:
-            print(f"unknown row(s) {unknown}; rows: {[r.key for r in rows]}", file=sys.stderr)
-            return 2
-        rows = [r for r in rows if r.key in wanted]
+    rows = pick_rows(rows, args.rows)
+    if rows is None:
+        return 2
     for row in rows:  # every row's config must validate before hours of training start
         load_config(config, run_overrides(plan, row, plan.seeds[0]))
     print(f"[ablate] {config} ({args.regime}): {len(rows)} rows x {len(plan.seeds)} seed(s), {steps} steps each, "

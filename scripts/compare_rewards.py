@@ -167,6 +167,18 @@ def mean_sd(xs) -> str:
     return f"{np.mean(xs):.3f} ± {np.std(xs, ddof=1):.3f}" if len(xs) > 1 else f"{xs[0]:.3f}"
 
 
+def _save(fig, axes, path: Path) -> None:
+    """Grids on every panel, the legend on the first, the PNG written and the figure closed."""
+    import matplotlib.pyplot as plt
+
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def report(args) -> str:
     import matplotlib
 
@@ -197,12 +209,7 @@ def report(args) -> str:
     axes[0].set(title="held-out accuracy (rule-checked, avg@4)", xlabel="step")
     axes[1].set(title="held-out RM score (mean logit)", xlabel="step")
     axes[2].set(title="accuracy against RM score (held-out, per eval)", xlabel="RM score", ylabel="accuracy")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(figs / "reward_models_heldout.png", dpi=110)
-    plt.close(fig)
+    _save(fig, axes, figs / "reward_models_heldout.png")
 
     rm = make_learned_reward("reward_model", REPO / RM_PATH, max_length=48 + 144)
     table = rollout_table(args, rm)
@@ -214,12 +221,7 @@ def report(args) -> str:
                     label=label, ms=3)
     axes[0].set(title="rollouts: fraction right", xlabel="step")
     axes[1].set(title="rollouts: fraction well-formed but wrong", xlabel="step")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(figs / "reward_models_rollouts.png", dpi=110)
-    plt.close(fig)
+    _save(fig, axes, figs / "reward_models_rollouts.png")
 
     lines = [f"Measured by `python scripts/compare_rewards.py --seeds {' '.join(map(str, args.seeds))} --steps "
              f"{args.steps} --eval-every {args.eval_every} --jobs {args.jobs}` on {platform.node() or 'this machine'} "

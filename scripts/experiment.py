@@ -349,6 +349,58 @@ def rel(path: Path) -> str:
         return str(path)
 
 
+FINDINGS_PLACEHOLDER = """## Findings
+
+> **Placeholder, to be written by the lead after the full run.** Nothing in this section has been
+> measured yet; the tables above are what a run of the command produced.
+"""
+
+
+def write_page(out: Path, text: str) -> str:
+    """Writes the report `text` (ending in `FINDINGS_PLACEHOLDER`) to `out`, keeping the findings already
+    written there by hand (`keep_findings`); returns what it wrote."""
+    text = keep_findings(out, text)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    return text
+
+
+def default_config() -> Path:
+    """The main job's recipe: the run every experiment varies by default."""
+    from dapo_jax.training.config import CONFIG_DIR
+
+    return CONFIG_DIR / "cot_dapo.yaml"
+
+
+def add_run_arguments(ap) -> None:
+    """The options of how the runs are trained, the same in every experiment script."""
+    import argparse
+
+    ap.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for every row (repeatable), e.g. --set data.eval_size=200")
+    ap.add_argument("--no-compile-cache", action="store_true",
+                    help="do not cache compiled programs in RUNS_DIR/.jax_cache (a process-wide JAX setting)")
+    ap.add_argument("--jobs", type=int, default=None,
+                    help="runs trained at once, each in its own process on one core with one XLA thread "
+                    "(default: the cores available, at most 8; 1: one after another in this process)")
+    ap.add_argument("--only", default=None, help=argparse.SUPPRESS)  # ROW/SEED: a --jobs child's one run
+    ap.add_argument("--name", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--report-only", action="store_true", help="train nothing: the report from the runs there")
+
+
+def pick_rows(rows: list, spec: str | None) -> list | None:
+    """The rows `--rows a,b` names, in their own order (all for None); None, with a line on stderr, when it
+    names a row that does not exist."""
+    if not spec:
+        return rows
+    wanted = [k.strip() for k in spec.split(",") if k.strip()]
+    unknown = sorted(set(wanted) - {r.key for r in rows})
+    if unknown:
+        print(f"unknown row(s) {unknown}; rows: {[r.key for r in rows]}", file=sys.stderr)
+        return None
+    return [r for r in rows if r.key in wanted]
+
+
 def keep_findings(out: Path, text: str) -> str:
     """`text` with the `## Findings` section of the page already at `out` when that one was written by
     hand (not the placeholder): a rerun (e.g. --report-only) rewrites the tables and keeps them."""

@@ -44,16 +44,19 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiment.py beside this script
 
 from experiment import (  # noqa: E402
+    FINDINGS_PLACEHOLDER,
     Job,
+    add_run_arguments,
     available_cores,
     column,
+    default_config,
     default_target,
     fmt_cell,
     is_finished,
-    keep_findings,
     machine,
     markdown_table,
     mean_sd,
+    pick_rows,
     read_run,
     rel,
     run_all,
@@ -63,6 +66,7 @@ from experiment import (  # noqa: E402
     summarize_run,
     use_compile_cache,
     value_at,
+    write_page,
     yaml_value,
 )
 
@@ -414,24 +418,11 @@ pre-training samples); per-step metrics smoothed by a moving average.
 
 {figs}
 
-## Findings
-
-> **Placeholder, to be written by the lead after the full run.** Nothing in this section has been
-> measured yet; the tables above are what a run of the command produced.
-"""
-    text = keep_findings(out, text)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    return text
+{FINDINGS_PLACEHOLDER}"""
+    return write_page(out, text)
 
 
 # ----------------------------------------------------------------------------- main
-def default_config() -> Path:
-    from dapo_jax.training.config import CONFIG_DIR
-
-    return CONFIG_DIR / "cot_dapo.yaml"
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("config", nargs="?", type=Path, default=None, help="the shared run (default: cot_dapo.yaml)")
@@ -447,14 +438,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "league.md")
     ap.add_argument("--figures-dir", type=Path, default=None, help="default: figures/ beside --out")
     ap.add_argument("--runs-dir", type=Path, default=None, help="default: runs/league (runs/league_quick)")
-    ap.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
-                    help="a config override for every row (repeatable)")
-    ap.add_argument("--jobs", type=int, default=None, help="runs at once, one core and one XLA thread each "
-                    "(default: the cores available, at most 8; 1: one after another in this process)")
-    ap.add_argument("--no-compile-cache", action="store_true", help="no RUNS_DIR/.jax_cache")
-    ap.add_argument("--report-only", action="store_true", help="train nothing: the report from the runs there")
-    ap.add_argument("--only", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--name", default=None, help=argparse.SUPPRESS)
+    add_run_arguments(ap)
     args = ap.parse_args(argv)
     if args.seeds < 1:
         ap.error("--seeds must be >= 1")
@@ -473,13 +457,9 @@ def main(argv=None) -> int:
                      runs_dir=args.runs_dir or REPO / "runs" / ("league_quick" if args.quick else "league"),
                      extra=tuple(args.extra))
     rows = list(ROWS)
-    if args.rows:
-        wanted = [k.strip() for k in args.rows.split(",") if k.strip()]
-        unknown = sorted(set(wanted) - {r.key for r in rows})
-        if unknown:
-            print(f"unknown row(s) {unknown}; rows: {[r.key for r in rows]}", file=sys.stderr)
-            return 2
-        rows = [r for r in rows if r.key in wanted]
+    rows = pick_rows(rows, args.rows)
+    if rows is None:
+        return 2
     for row in rows:  # every row's config must validate before hours of training start
         load_config(config, run_overrides(plan, cfg, row, plan.seeds[0]))
     print(f"[league] {config}: {len(rows)} rows x {len(plan.seeds)} seed(s), {plan.budget:,} generated samples each, "

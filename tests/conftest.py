@@ -27,6 +27,24 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 SHARED = Path(os.environ.get("DAPO_JAX_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def load_script(name: str):
+    """`scripts/NAME.py` imported as the module `NAME` (registered in sys.modules: dataclasses look their
+    module up there); the scripts beside it are importable while it loads."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    return module
 
 
 def shared_path(*parts: str) -> Path:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 from collections.abc import Sequence
 
 import jax
@@ -135,11 +136,13 @@ class jit_keeping_layout:  # noqa: N801 - used like jax.jit
 
     def __init__(self, fn, *, donate_argnums=0):
         self.fn, self.donate_argnums, self._jitted = fn, donate_argnums, None
+        self._lock = threading.Lock()  # one jitted function, also when another thread compiles it ahead
 
     def _for(self, state):
-        if self._jitted is None:
-            layout = jax.tree.map(lambda x: getattr(x, "sharding", None), state)
-            self._jitted = jax.jit(self.fn, donate_argnums=self.donate_argnums, out_shardings=(layout, None))
+        with self._lock:
+            if self._jitted is None:
+                layout = jax.tree.map(lambda x: getattr(x, "sharding", None), state)
+                self._jitted = jax.jit(self.fn, donate_argnums=self.donate_argnums, out_shardings=(layout, None))
         return self._jitted
 
     def __call__(self, state, *args, **kwargs):

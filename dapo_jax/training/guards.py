@@ -1,9 +1,10 @@
 """What stops a run loudly instead of letting it end in a NaN model or a hang: non-finite updates,
-preemption and failed checkpoint saves, agreed between the processes of a multi-process run.
+preemption (SIGTERM), Ctrl-C (SIGINT) and failed checkpoint saves, agreed between the processes of a
+multi-process run.
 
     monitor = NonFiniteMonitor(max_consecutive=3)
     monitor.update(step, metrics["nonfinite_updates"])    # raises NonFiniteError on the K-th bad step in a row
-    with Preemption(exit_until_armed=True) as pre:         # SIGTERM (TPU / cloud schedulers) sets pre.requested
+    with Preemption(exit_until_armed=True) as pre:         # SIGTERM / SIGINT set pre.requested
         boundary = StepBoundary(pre, checkpointer)
         ...; if boundary.should_stop(step): save, then raise boundary.preempted(step, where)
 
@@ -11,9 +12,11 @@ Preemption notices reach the hosts of a pod at different moments. A process that
 its own while the others went on to the next step would leave both waiting forever in collectives
 that no longer match, so every step boundary exchanges each process's flags (one tiny all-gather,
 `parallel.host.process_flags`): a SIGTERM on any process makes all of them save the same step and
-exit 143, a failed save on any of them stops all. Before the first step has completed there is
-nothing to save: a SIGTERM then ends the process at once (a watcher thread woken by the signal, so
-that a long compile does not delay it past the scheduler's grace period).
+exit 143, a failed save on any of them stops all. Ctrl-C takes the same path, exiting 130 (128 +
+SIGINT, what a shell reports for an interrupted command); a second Ctrl-C stops at once, without
+waiting for the step (KeyboardInterrupt). Before the first step has completed there is nothing to
+save: either signal then ends the process at once (a watcher thread woken by the signal, so that a
+long compile does not delay it past the scheduler's grace period, or keep a user waiting).
 
 The train step itself never applies a non-finite update (`train_step.py`); this module decides when
 the run as a whole has gone wrong.
@@ -29,6 +32,8 @@ import threading
 import warnings
 
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: what schedulers expect from a process that obeyed SIGTERM
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: what a shell reports for a command stopped by Ctrl-C
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class RunStopped(RuntimeError):
@@ -45,6 +50,16 @@ class NonFiniteError(RunStopped):
 
 class Preempted(RunStopped):
     exit_code = PREEMPTED_EXIT_CODE
+
+
+class Interrupted(Preempted):
+    """Ctrl-C: saved like a preemption, exit 130."""
+
+    exit_code = INTERRUPTED_EXIT_CODE
+
+
+def _words(signum: int) -> str:
+    return "Ctrl-C (SIGINT)" if signum == signal.SIGINT else "SIGTERM"
 
 
 class NonFiniteMonitor:
@@ -73,25 +88,37 @@ class NonFiniteMonitor:
 
 
 class Preemption:
-    """Turns SIGTERM into a flag the loop checks between steps (only in the main thread).
+    """Turns SIGTERM and SIGINT into a flag the loop checks between steps (only in the main thread);
+    `signum` is the first one received. A second SIGINT raises KeyboardInterrupt: stop now.
 
-    With `exit_until_armed`, a SIGTERM that comes before `arm()` (the first step of this process's
-    run completed: something to save) ends the process at once with exit 143 and one line. Python
-    runs signal handlers only between bytecodes of the main thread, which a compile holds for
-    minutes, so a daemon thread woken through `signal.set_wakeup_fd` does it."""
+    With `exit_until_armed`, a signal that comes before `arm()` (the first step of this process's run
+    completed: something to save) ends the process at once with exit 143 (SIGTERM) or 130 (SIGINT) and
+    one line. Python runs signal handlers only between bytecodes of the main thread, which a compile
+    holds for minutes, so a daemon thread woken through `signal.set_wakeup_fd` does it."""
 
     def __init__(self, *, exit_until_armed: bool = False):
         self.requested = False
+        self.signum: int | None = None
         self.armed = not exit_until_armed
-        self._previous = None
+        self._interrupts = 0  # SIGINTs received once armed
+        self._previous: dict[int, object] = {}
         self._previous_fd = None
         self._pipe: tuple[socket.socket, socket.socket] | None = None
 
     def _handler(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.armed:
+            self._interrupts += 1
+            if self._interrupts > 1:
+                raise KeyboardInterrupt  # Ctrl-C twice: do not wait for the step to end
+        self._request(signum)
+
+    def _request(self, signum: int) -> None:
         self.requested = True
+        if self.signum is None:
+            self.signum = signum
 
     def arm(self) -> None:
-        """A step is done: from now on a SIGTERM is honoured at the next step boundary, with a save."""
+        """A step is done: from now on a signal is honoured at the next step boundary, with a save."""
         self.armed = True
 
     def _watch(self, reader: socket.socket) -> None:
@@ -102,25 +129,26 @@ class Preemption:
                 return
             if not data:
                 return
-            if signal.SIGTERM in data:
-                self.requested = True
-                if not self.armed:
+            for signum in (s for s in _SIGNALS if s in data):
+                if not self.armed:  # once armed, the main thread's handler alone counts the signals
+                    self._request(signum)
+                    code = INTERRUPTED_EXIT_CODE if signum == signal.SIGINT else PREEMPTED_EXIT_CODE
+                    kind = "Interrupted" if signum == signal.SIGINT else "Preempted"
                     sys.stdout.flush()
-                    sys.stderr.write(f"dapo-jax: Preempted: SIGTERM before the first step completed: nothing to "
-                                     f"save, exiting now (exit {PREEMPTED_EXIT_CODE}); rerun the same command to "
-                                     f"start or resume\n")
+                    sys.stderr.write(f"dapo-jax: {kind}: {_words(signum)} before the first step completed: nothing to "
+                                     f"save, exiting now (exit {code}); rerun the same command to start or resume\n")
                     sys.stderr.flush()
-                    os._exit(PREEMPTED_EXIT_CODE)
+                    os._exit(code)
 
     def __enter__(self) -> "Preemption":
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._handler)
+            self._previous = {s: signal.signal(s, self._handler) for s in _SIGNALS}
             if not self.armed:
                 reader, writer = socket.socketpair()
                 writer.setblocking(False)
                 self._pipe = (reader, writer)
                 self._previous_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
-                threading.Thread(target=self._watch, args=(reader,), name="dapo-jax-sigterm", daemon=True).start()
+                threading.Thread(target=self._watch, args=(reader,), name="dapo-jax-signals", daemon=True).start()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -129,9 +157,9 @@ class Preemption:
             for end in self._pipe:  # the watcher's recv returns and it ends
                 end.close()
             self._pipe = None
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
+        for s, previous in self._previous.items():
+            signal.signal(s, previous)
+        self._previous = {}
 
 
 class StepBoundary:
@@ -140,7 +168,7 @@ class StepBoundary:
     `should_stop(step)` arms the preemption (a step is done), checks the last async checkpoint save
     (`Checkpointer.check`) and exchanges both flags with the other processes: it raises the failed
     save's error when any process's save failed (every process stops at this boundary), and returns
-    True when any process got SIGTERM (every process saves this step, then raises `preempted`)."""
+    True when any process got SIGTERM or SIGINT (every process saves this step, then raises `preempted`)."""
 
     def __init__(self, preemption: Preemption, checkpointer):
         self.preemption = preemption
@@ -170,12 +198,16 @@ class StepBoundary:
         return bool(self.signalled)
 
     def preempted(self, step: int, where) -> Preempted:
+        """`Interrupted` (exit 130) when this process got Ctrl-C, else `Preempted` (exit 143: its own SIGTERM,
+        or another process's signal)."""
         import jax
 
         n = jax.process_count()
         who = f" (it reached process(es) {self.signalled} of {n}; all {n} saved and stopped)" if n > 1 else ""
-        return Preempted(f"SIGTERM at step {step}{who}: checkpoint saved in {where}; rerun the same command to "
-                         f"resume")
+        signum = self.preemption.signum if self.preemption.signum is not None else signal.SIGTERM
+        kind = Interrupted if signum == signal.SIGINT else Preempted
+        return kind(f"{_words(signum)} at step {step}{who}: checkpoint saved in {where}; rerun the same command to "
+                    f"resume")
 
 
 def _listed(flags) -> list[int]:

@@ -198,7 +198,38 @@ def make_packed_train_step(
         params, opt_state, stp, skipped = carry
         return TrainState(params, opt_state, stp, skipped), finish(outs, skipped)
 
+    def precompile(state: TrainState, batch: Batch, frozen=None) -> list:
+        """What `step(state, batch, frozen)` compiles at its first call, for `batch` given by its shapes and
+        layouts (`jax.ShapeDtypeStruct`s, training/compile_ahead.py): the small programs here, then the
+        chunk heights and the update as `(name, compile)` jobs. `step` then finds every program compiled;
+        its first call still runs the chunk heights its batch does not use, on empty chunks."""
+        from dapo_jax.training.compile_ahead import compiled_outputs
+
+        state = committed(state)
+        p, g, t = batch.response_ids.shape
+        rows, tail, length = _chunk_shape(batch.prompt_ids.shape[1], (p, g, t), num_minibatches * micro_batches,
+                                          chunk_rows, tail_rows, row_length, row_multiple)
+        idx = put(minibatch_prompts(p, num_minibatches, micro_batches)[0].astype(np.int32))
+        mini = compiled_outputs(select, batch, idx)
+        stats = compiled_outputs(start, state.params, mini, frozen)
+        zero_acc(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state.params),
+                 mini, tuple(put(x) for x in _empty_chunk(rows, length, mini.response_ids.shape)), stats, frozen)
+        acc = compiled_outputs(zeros[0], state.params)  # zero_acc's program, as it lays the accumulator out
+        carry = (state.params, state.opt_state, state.step, state.skipped)
+
+        def chunk(r):
+            empty = tuple(put(x) for x in _empty_chunk(r, length, mini.response_ids.shape))
+            return lambda: accumulate.lower(acc, state.params, mini, empty, stats, frozen).compile()
+
+        def update():
+            out = compiled_outputs(apply, carry, acc)[1]
+            finish.lower([out] * num_minibatches, state.skipped).compile()
+
+        heights = sorted({rows, *tail_heights(rows, tail)}, reverse=True)
+        return [(f"update: chunk {r}x{length}", chunk(r)) for r in heights] + [("update: apply", update)]
+
     first_call = True
+    step.precompile = precompile
     step.packing_stats = lambda batch: packing_stats(batch, num_minibatches, micro_batches, chunk_rows, row_length,
                                                      row_multiple, tail_rows, share_prompts)
     # what `dapo-jax plan` compiles (training/plan.py): the jitted programs a step runs, and its chunk shapes

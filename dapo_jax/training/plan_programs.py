@@ -294,7 +294,7 @@ def _unadapted(merged, adapters) -> list:
 
 
 def fake_tokenizer(model_cfg):
-    """What `loop.sampling_config` reads of a tokenizer: no weights or files needed."""
+    """What `build.sampling_config` reads of a tokenizer: no weights or files needed."""
     return types.SimpleNamespace(pad_token_id=model_cfg.pad_token_id or 0, eos_token_id=None)
 
 
@@ -304,7 +304,7 @@ def build_world(cfg: RunConfig, model_cfg, mesh) -> World:
     from dapo_jax.models.generation_config import GenerationConfig
     from dapo_jax.models.lora import add_lora
     from dapo_jax.training.lora import PolicyWeights
-    from dapo_jax.training.loop import sampling_config
+    from dapo_jax.training.build import sampling_config
     from dapo_jax.training.programs import build_programs, run_optimizer
     from dapo_jax.training.train_step import TrainState
 

@@ -88,6 +88,19 @@ class Groups:
         out.prompt_mask[:, -1] = 1  # the logprob forward needs one real prompt token per row
         return out
 
+    @staticmethod
+    def blank(n: int, prompt_len: int, group_size: int, response_len: int, *, steps: int = 0,
+              parts: int = 0) -> "Groups":
+        """`n` valid all-zero groups with the dtypes a scored round has: what the programs a batch goes
+        through are compiled for ahead of the first rollout (training/compile_ahead.py)."""
+        p, g, t = n, group_size, response_len
+        return Groups(np.zeros((p, prompt_len), np.int32), np.zeros((p, prompt_len), np.int32),
+                      np.zeros((p, g, t), np.int32), np.zeros((p, g, t), np.float32), np.zeros((p, g, t), np.float32),
+                      np.zeros((p, g), np.float32), np.zeros((p, g), bool), np.zeros((p, g), np.int32),
+                      np.zeros((p, g), bool), np.ones(p, bool), np.zeros(p, np.int32),
+                      step_rewards=np.zeros((p, g, steps), np.float32), step_ends=np.zeros((p, g, steps), np.int32),
+                      step_mask=np.zeros((p, g, steps), np.float32), reward_parts=np.zeros((p, g, parts), np.float32))
+
     def state_dict(self) -> dict[str, np.ndarray]:
         # An empty optional field (no step rewards: J = 0) is left out: a checkpoint cannot hold a
         # zero-size array, and `from_state_dict` restores the default.

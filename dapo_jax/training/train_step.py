@@ -57,7 +57,7 @@ class Batch(NamedTuple):
     advantages: jax.Array  # [P, G, T] float32
     ref_logp: jax.Array  # [P, G, T] float32 (zeros when no KL term is used)
     # [P, G, T] float32: log μ, the sampler's own log-probs, when an off-policy correction compares
-    # them with a recomputed old_logp (objectives.md §13); None = not carried
+    # them with a recomputed old_logp (docs/objectives.md#off-policy-correction); None = not carried
     behaviour_logp: jax.Array | None = None
     # [P, G, T] float32: VAPO's positive-example NLL weights (objectives/nll.py); None = no NLL term
     nll_weight: jax.Array | None = None

@@ -2,9 +2,7 @@
 the cot configs agree with; loads with load_pretrained and AutoTokenizer, matches transformers, and
 is as (partially) accurate as its warmup_stats.json says (skipped until the script has run)."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +10,7 @@ import pytest
 
 import dapo_jax
 from dapo_jax.data import cot
+from tests.conftest import load_script
 from tests.data.base_model_parity import assert_loads_and_matches_transformers
 
 COT = Path(dapo_jax.__file__).parent / "assets" / "cot_base"
@@ -23,14 +22,7 @@ pytestmark = pytest.mark.skipif(not (COT / "config.json").exists(),
 @pytest.fixture(scope="module")
 def script():
     """scripts/make_cot_base.py as a module (its knobs are module constants)."""
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        spec = importlib.util.spec_from_file_location("make_cot_base", REPO / "scripts" / "make_cot_base.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
-    return module
+    return load_script("make_cot_base")
 
 
 def test_config_matches_the_script_knobs(script):

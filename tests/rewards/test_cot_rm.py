@@ -1,9 +1,7 @@
 """The shipped outcome reward model (dapo_jax/assets/cot_rm): transformers reads it and scores as we do,
 it is small, and the probe table of its README (what it is blind to) is what it does."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,18 +12,11 @@ import transformers
 import dapo_jax
 from dapo_jax.data import cot
 from dapo_jax.rewards.reward_model import make_learned_reward
+from tests.conftest import load_script
 
 COT_RM = Path(dapo_jax.__file__).parent / "assets" / "cot_rm"
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not (COT_RM / "config.json").exists(), reason="run scripts/make_cot_rm.py first")
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("make_cot_rm", REPO / "scripts" / "make_cot_rm.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["make_cot_rm"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_transformers_scores_the_shipped_model_as_the_pipeline_does():
@@ -47,7 +38,7 @@ def test_transformers_scores_the_shipped_model_as_the_pipeline_does():
 
 
 def test_the_readme_probe_table_is_what_the_shipped_model_does():
-    script = _script()
+    script = load_script("make_cot_rm")
     stats = json.loads((COT_RM / "rm_stats.json").read_text())
     rows = cot.cot_rows("heldout", **script.TASK)[:script.HELDOUT_PROBLEMS]
     rm = make_learned_reward("reward_model", COT_RM, {"batch_size": 128}, max_length=48 + 144)

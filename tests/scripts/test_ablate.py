@@ -1,7 +1,6 @@
 """scripts/ablate.py: the ladder's rows are the intended objectives and otherwise identical runs,
 the tables are mean ± sd over seeds of what metrics.jsonl holds, and the script runs end to end."""
 
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -11,21 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dapo_jax.training.config import load_config
+from dapo_jax.training.config import CONFIG_DIR, load_config
+from tests.conftest import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "dapo_jax" / "configs" / "tiny_dapo.yaml"
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("ablate", REPO / "scripts" / "ablate.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["ablate"] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-ablate = _load_script()
+ablate = load_script("ablate")
 experiment = sys.modules["experiment"]  # scripts/experiment.py, imported by the script
 
 
@@ -203,7 +195,8 @@ def test_script_end_to_end_two_steps_and_a_rerun_skips(tmp_path, monkeypatch):
     results = text.split("## Results")[1]
     assert "| DAPO (+ dynamic sampling) |" in results and "| naive GRPO |" not in results
     table_rows = [x for x in results.splitlines() if x.startswith("| DAPO (+ dynamic sampling)")]
-    assert len(table_rows) == 2 and all(" ± " not in x for x in table_rows)  # one seed: no sd
+    # outcomes, accuracy at equal budgets of samples, dynamics: one row each; one seed: no sd
+    assert len(table_rows) == 3 and all(" ± " not in x for x in table_rows)
     figures = sorted(p.name for p in (tmp_path / "docs" / "figures").glob("ablation_*.png"))
     assert figures == ["ablation_clip_higher.png", "ablation_dynamic_sampling.png", "ablation_overlong.png",
                        "ablation_token_loss.png"]  # each with the one row it has
@@ -340,7 +333,7 @@ def test_a_rerun_rewrites_tables_and_keeps_hand_written_findings(tmp_path, monke
 
 
 # ----------------------------------------------------------------------------- the off-policy regime
-COT = REPO / "configs" / "cot_dapo.yaml"
+COT = CONFIG_DIR / "cot_dapo.yaml"
 
 
 def test_off_policy_regime_is_dapo_with_and_without_clip_higher_in_many_minibatches(tmp_path):

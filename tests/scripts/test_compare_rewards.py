@@ -1,25 +1,16 @@
 """scripts/compare_rewards.py: the four conditions are the intended runs of one recipe, responses are
 classified as the report says, and the results land between the markers of the doc."""
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 from dapo_jax.training.config import load_config
+from tests.conftest import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("compare_rewards", REPO / "scripts" / "compare_rewards.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["compare_rewards"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-compare = _load_script()
+compare = load_script("compare_rewards")
 
 
 def test_conditions_differ_only_in_the_reward_weights_and_the_kl(tmp_path):

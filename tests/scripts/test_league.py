@@ -2,7 +2,6 @@
 of generated samples and otherwise the same run, a rerun trains only what is unfinished, and the
 table is mean ± sd of what hand-made runs' metrics hold."""
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -12,20 +11,13 @@ import pytest
 
 from dapo_jax.objectives.registry import load_objective
 from dapo_jax.training.config import CONFIG_DIR, load_config
+from tests.conftest import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 COT = CONFIG_DIR / "cot_dapo.yaml"
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("league", REPO / "scripts" / "league.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["league"] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-league = _load_script()
+league = load_script("league")
 experiment = sys.modules["experiment"]
 
 

@@ -65,3 +65,17 @@ def tiny_overrides(model_dir: Path, run_dir: Path, **extra) -> list[str]:
 def overrides_for():
     """`overrides_for(model_dir, run_dir, **extra)` -> the tiny run's dotted overrides."""
     return tiny_overrides
+
+
+def finite_step_rows(run_dir: Path, keys, *, steps: int, having: str = "grad_norm") -> list[dict]:
+    """The run's metrics rows that have `having`: `steps` of them, each with finite `keys`."""
+    import math
+
+    from dapo_jax.training.metrics import read_metrics
+
+    rows = [r for r in read_metrics(run_dir) if having in r]
+    assert len(rows) == steps
+    for r in rows:
+        for key in keys:
+            assert math.isfinite(r[key]), (key, r)
+    return rows

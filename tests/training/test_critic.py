@@ -53,6 +53,17 @@ def leaves(tree):
     return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
+def assert_first_adam_step(out, whole, params, prefix=""):
+    """Each `(state, metrics)` of `out` is Adam's first step on the loss `whole(params)`, by hand."""
+    loss, grads = jax.jit(jax.value_and_grad(whole))(params)
+    expected = adam_first_step(params, grads)
+    for state, m in out.values():
+        np.testing.assert_allclose(float(m[prefix + "loss"]), float(loss), rtol=1e-5)
+        np.testing.assert_allclose(float(m[prefix + "grad_norm"]), float(optax.tree.norm(grads)), rtol=1e-4)
+        for x, y in zip(leaves(state.params), leaves(expected)):
+            np.testing.assert_allclose(x, y, rtol=1e-4, atol=2e-5)
+
+
 def test_critic_update_is_the_whole_batch_value_loss_step_for_any_micro_batches():
     a = arrays()
     rng = a.pop("rng")
@@ -70,13 +81,8 @@ def test_critic_update_is_the_whole_batch_value_loss_step_for_any_micro_batches(
         s, d, _ = value_loss(v, cb.old_values, cb.returns, cb.response_mask, clip_eps=0.5)
         return s / d
 
-    loss, grads = jax.jit(jax.value_and_grad(whole))(params)
-    expected = adam_first_step(params, grads)
-    for micro, (state, m) in out.items():
-        np.testing.assert_allclose(float(m["critic/loss"]), float(loss), rtol=1e-5)
-        np.testing.assert_allclose(float(m["critic/grad_norm"]), float(optax.tree.norm(grads)), rtol=1e-4)
-        for x, y in zip(leaves(state.params), leaves(expected)):
-            np.testing.assert_allclose(x, y, rtol=1e-4, atol=2e-5)
+    assert_first_adam_step(out, whole, params, prefix="critic/")
+    for state, m in out.values():
         assert int(state.step) == 1 and float(m["critic/update_applied"]) == 1.0
 
 
@@ -121,13 +127,7 @@ def test_policy_update_with_nll_is_exact_under_micro_batches():
         c = mask * jnp.asarray(correct, jnp.float32)[..., None]
         return ppo + 0.1 * jnp.sum(-logp * c) / jnp.sum(c)
 
-    loss, grads = jax.jit(jax.value_and_grad(whole))(params)
-    expected = adam_first_step(params, grads)
-    for micro, (state, m) in out.items():
-        np.testing.assert_allclose(float(m["loss"]), float(loss), rtol=1e-5)
-        np.testing.assert_allclose(float(m["grad_norm"]), float(optax.tree.norm(grads)), rtol=1e-4)
-        for x, y in zip(leaves(state.params), leaves(expected)):
-            np.testing.assert_allclose(x, y, rtol=1e-4, atol=2e-5)
+    assert_first_adam_step(out, whole, params)
 
 
 def test_checkpoint_saves_verifies_and_restores_the_critic(tmp_path):

@@ -2,7 +2,6 @@
 update batch, so the update does not change with micro_batches and equals a plain jax.grad of the
 whole-batch loss with NumPy-scaled advantages; and two steps of the `edge_grpo` recipe end to end."""
 
-import math
 
 import jax
 import jax.numpy as jnp
@@ -66,7 +65,7 @@ def test_entropy_driven_advantage_is_taken_over_the_whole_update_batch():
 def test_two_steps_of_the_edge_grpo_recipe(tmp_path):
     from dapo_jax.training.config import load_config
     from dapo_jax.training.loop import train
-    from dapo_jax.training.metrics import read_metrics
+    from tests.training.conftest import finite_step_rows
 
     cfg = load_config(None, [
         "objective.name=edge_grpo", f"train.run_dir={tmp_path / 'run'}",
@@ -77,8 +76,4 @@ def test_two_steps_of_the_edge_grpo_recipe(tmp_path):
     ])
     assert cfg.objective_config.entropy_driven_advantage
     train(cfg)
-    steps = [r for r in read_metrics(tmp_path / "run") if "grad_norm" in r]
-    assert len(steps) == 2
-    for r in steps:
-        for key in ("loss", "grad_norm", "entropy", "advantage_mean"):
-            assert math.isfinite(r[key]), (key, r)
+    finite_step_rows(tmp_path / "run", ("loss", "grad_norm", "entropy", "advantage_mean"), steps=2)

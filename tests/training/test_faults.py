@@ -342,29 +342,51 @@ def test_starved_step_is_skipped_counted_and_reported(tiny_model_dir, tmp_path, 
     assert "grad_norm" not in rows[0]  # no update was spent on padding
 
 
-# ----------------------------------------------------------------------------- preemption
-def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes(tiny_model_dir, tmp_path, overrides_for):
+def test_a_run_whose_first_steps_keep_nothing_says_why_once(tiny_model_dir, tmp_path, overrides_for, capsys):
     run_dir = tmp_path / "run"
+    # a random model is never right: with correctness as the filter metric every group is all-wrong
+    args = overrides_for(tiny_model_dir, run_dir, **{"objective.dynamic_sampling_metric": "correct",
+                                                     "train.steps": 2, "data.eval": "null"})
+    with pytest.warns(RuntimeWarning) as record:
+        rc, err, _ = train_rc(args, capsys)
+    assert rc == 0, err
+    why = [str(w.message) for w in record if "kept no group:" in str(w.message)]
+    assert len(why) == 1, why
+    assert why[0].startswith("step 1 kept no group: in 2 generation round(s) per step every response was wrong "
+                             "(accuracy 0.00)")
+    assert "rollout.max_gen_batches=2" in why[0] and f"dapo-jax show {run_dir}" in why[0]
+    rows = [r for r in read_metrics(run_dir) if "gen_rounds" in r]
+    assert [r["steps_skipped"] for r in rows] == [1, 2] and all(r["entropy_generated"] > 0 for r in rows)
+
+
+# ----------------------------------------------------------------------------- preemption and Ctrl-C
+def start_run(tiny_model_dir, run_dir, overrides_for, **env):
+    """`dapo-jax train tiny_dapo` for 400 steps in a subprocess; returns (process, its environment)."""
     args = overrides_for(tiny_model_dir, run_dir, **{"train.steps": 400, "train.checkpoint_every": 0})
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
     proc = subprocess.Popen([sys.executable, "-m", "dapo_jax.cli", "train", "tiny_dapo", *args], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return proc, env
+
+
+def stop_mid_run(sig, tiny_model_dir, run_dir, overrides_for):
+    """Sends `sig` once three steps are logged; returns (exit code, stderr, the newest checkpoint, env)."""
+    proc, env = start_run(tiny_model_dir, run_dir, overrides_for)
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
         if metrics.exists() and len(metrics.read_text().splitlines()) >= 4:
             break
         time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 143, err[-2000:]
-    assert "SIGTERM at step" in err
     ckpt = Checkpointer(run_dir / "checkpoints")
-    saved = max(ckpt.all_steps())
+    saved = max(ckpt.all_steps(), default=None)
     ckpt.close()
-    assert saved >= 3
-    rows = read_metrics(run_dir)
-    assert max(r["step"] for r in rows) == saved  # the checkpoint is of the last logged step
+    return proc.returncode, err, saved, env
+
+
+def assert_resumes(tiny_model_dir, run_dir, overrides_for, saved, env):
     again = overrides_for(tiny_model_dir, run_dir, **{"train.steps": saved + 1, "train.checkpoint_every": 0})
     done = subprocess.run([sys.executable, "-m", "dapo_jax.cli", "train", "tiny_dapo", *again], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
@@ -372,24 +394,89 @@ def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes(tiny_model_dir, tmp
     assert f"resumed from step {saved}" in done.stdout
 
 
+def stop_before_the_first_step(sig, tiny_model_dir, run_dir, overrides_for):
+    """Sends `sig` as soon as the run has started (its config written): (exit code, stderr)."""
+    proc, _ = start_run(tiny_model_dir, run_dir, overrides_for, DAPO_JAX_COMPILATION_CACHE="off")  # a long compile
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None and not (run_dir / "config.yaml").exists():
+        time.sleep(0.02)  # the run really starts (its config is written), then compiles eval@0 and step 1
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)  # a bound against a hang, not a speed check
+    return proc.returncode, err
+
+
+def assert_nothing_trained(run_dir):
+    rows = read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []
+    assert not [r for r in rows if r["step"] >= 1]  # it did not go on to train step 1
+    assert not any(p.name.isdigit() for p in (run_dir / "checkpoints").glob("*"))
+
+
+def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes(tiny_model_dir, tmp_path, overrides_for):
+    run_dir = tmp_path / "run"
+    code, err, saved, env = stop_mid_run(signal.SIGTERM, tiny_model_dir, run_dir, overrides_for)
+    assert code == 143, err[-2000:]
+    assert "SIGTERM at step" in err
+    assert saved >= 3
+    rows = read_metrics(run_dir)
+    assert max(r["step"] for r in rows) == saved  # the checkpoint is of the last logged step
+    assert_resumes(tiny_model_dir, run_dir, overrides_for, saved, env)
+
+
+def test_ctrl_c_saves_like_sigterm_exits_130_in_one_line_and_the_next_run_resumes(tiny_model_dir, tmp_path,
+                                                                                   overrides_for):
+    """A real SIGINT (what Ctrl-C sends) to `dapo-jax train`: the step finishes, a checkpoint is saved, one
+    line and exit 130, no KeyboardInterrupt traceback; rerunning resumes."""
+    run_dir = tmp_path / "run"
+    code, err, saved, env = stop_mid_run(signal.SIGINT, tiny_model_dir, run_dir, overrides_for)
+    assert code == 130, err[-2000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    said = [line for line in err.splitlines() if line.startswith("dapo-jax:")]
+    assert len(said) == 1, said
+    assert said[0].startswith(f"dapo-jax: Interrupted: Ctrl-C (SIGINT) at step {saved}: checkpoint saved in ")
+    assert said[0].endswith("checkpoints; rerun the same command to resume")
+    assert max(r["step"] for r in read_metrics(run_dir)) == saved  # the checkpoint is of the last logged step
+    assert_resumes(tiny_model_dir, run_dir, overrides_for, saved, env)
+
+
 def test_sigterm_before_the_first_step_exits_at_once_with_nothing_to_save(tiny_model_dir, tmp_path, overrides_for):
     """A SIGTERM while the run still compiles (the scheduler's grace period is often 30 s): nothing to save
     yet, so the process ends at once, saying so, instead of after eval@0, the compile and step 1."""
     run_dir = tmp_path / "run"
-    args = overrides_for(tiny_model_dir, run_dir, **{"train.steps": 400, "train.checkpoint_every": 0})
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "DAPO_JAX_COMPILATION_CACHE": "off"}  # the first compile is long
-    proc = subprocess.Popen([sys.executable, "-m", "dapo_jax.cli", "train", "tiny_dapo", *args], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and proc.poll() is None and not (run_dir / "config.yaml").exists():
-        time.sleep(0.02)  # the run really starts (its config is written), then compiles eval@0 and step 1
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)  # a bound against a hang, not a speed check
-    assert proc.returncode == 143, err[-2000:]
+    code, err = stop_before_the_first_step(signal.SIGTERM, tiny_model_dir, run_dir, overrides_for)
+    assert code == 143, err[-2000:]
     assert "SIGTERM before the first step completed: nothing to save" in err
-    rows = read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []
-    assert not [r for r in rows if r["step"] >= 1]  # it did not go on to train step 1
-    assert not any(p.name.isdigit() for p in (run_dir / "checkpoints").glob("*"))
+    assert_nothing_trained(run_dir)
+
+
+def test_ctrl_c_before_the_first_step_exits_130_at_once_with_one_line(tiny_model_dir, tmp_path, overrides_for):
+    run_dir = tmp_path / "run"
+    code, err = stop_before_the_first_step(signal.SIGINT, tiny_model_dir, run_dir, overrides_for)
+    assert code == 130, err[-2000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    said = [line for line in err.splitlines() if line.startswith("dapo-jax:")]
+    assert said == ["dapo-jax: Interrupted: Ctrl-C (SIGINT) before the first step completed: nothing to save, exiting "
+                    "now (exit 130); rerun the same command to start or resume"]
+    assert_nothing_trained(run_dir)
+
+
+def test_ctrl_c_while_the_run_loads_is_one_line_and_130(tmp_path):
+    """Before the run's signal handlers are in place (reading the config, loading data): Python's
+    KeyboardInterrupt, caught by the CLI."""
+    code = ("import signal, sys, time\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, whatever the parent ignores\n"
+            "import dapo_jax.cli as cli\n"
+            "def slow(*a, **k):  # the config takes long to read\n"
+            "    print('ready', flush=True); time.sleep(120)\n"
+            "cli.load_config = slow\n"
+            "sys.exit(cli.main(['train', 'tiny_dapo']))\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines() == ["dapo-jax: Interrupted: Ctrl-C: stopped without saving; rerun the same command "
+                                        "to start or resume (from the last checkpoint)"]
 
 
 def test_a_mesh_that_leaves_devices_idle_says_so(capsys):

@@ -9,7 +9,7 @@ import pytest
 from dapo_jax.rewards import steps as steps_module
 from dapo_jax.training.config import ConfigError, load_config
 from dapo_jax.training.loop import train
-from dapo_jax.training.metrics import read_metrics
+from tests.training.conftest import finite_step_rows
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["train.steps=2", "train.eval_every=0", "train.checkpoint_every=0", "train.progress=false",
@@ -19,11 +19,8 @@ SMALL = ["train.steps=2", "train.eval_every=0", "train.checkpoint_every=0", "tra
 def two_steps(tmp_path, *overrides, trains=True):
     cfg = load_config(REPO / "dapo_jax" / "configs" / "tiny_dapo.yaml", [f"train.run_dir={tmp_path / 'run'}", *SMALL, *overrides])
     train(cfg)
-    steps = [r for r in read_metrics(tmp_path / "run") if "reward_mean" in r]
-    assert len(steps) == 2
-    for r in steps:
-        for key in ("loss", "grad_norm", "entropy", "reward_mean"):
-            assert math.isfinite(r[key]), (key, r)
+    steps = finite_step_rows(tmp_path / "run", ("loss", "grad_norm", "entropy", "reward_mean"), steps=2,
+                             having="reward_mean")
     if trains:
         assert any(r["update_applied"] == 1.0 and r["grad_norm"] > 0 for r in steps), "nothing was trained on"
     return cfg, steps

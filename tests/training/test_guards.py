@@ -1,4 +1,4 @@
-"""The run-level guards: K consecutive non-finite steps stop the run; SIGTERM becomes a flag."""
+"""The run-level guards: K consecutive non-finite steps stop the run; SIGTERM and SIGINT become a flag."""
 
 import os
 import signal
@@ -64,6 +64,12 @@ def test_sigterm_before_arming_ends_the_process_at_once_even_inside_a_long_c_cal
     """The watcher thread, woken through the signal's wakeup fd, ends the process while the main thread
     is still busy (here in a long sleep, which the flag alone would not end; in a run, an XLA compile,
     during which the main thread runs no Python signal handler at all)."""
+    code, err = signal_before_arming(signal.SIGTERM)
+    assert code == 143 and "SIGTERM before the first step completed: nothing to save" in err
+
+
+def signal_before_arming(sig) -> tuple[int, str]:
+    """`sig` to a process sleeping 120 s in an unarmed Preemption: (exit code, stderr)."""
     import subprocess
     import sys
 
@@ -72,6 +78,42 @@ def test_sigterm_before_arming_ends_the_process_at_once_even_inside_a_long_c_cal
             "    print('ready', flush=True); time.sleep(120)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)  # a bound against a hang: the sleep alone is 120 s
-    assert proc.returncode == 143 and "SIGTERM before the first step completed: nothing to save" in err
+    return proc.returncode, err
+
+
+def test_sigint_is_a_preemption_that_exits_130_and_a_second_one_stops_at_once():
+    """Ctrl-C takes SIGTERM's path (a flag, a save at the step boundary) with the shell's exit code 130; a
+    second Ctrl-C raises KeyboardInterrupt instead of waiting for the step; the old handlers come back."""
+    from dapo_jax.training.guards import Interrupted
+
+    assert Interrupted.exit_code == 130 and issubclass(Interrupted, Preempted)
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with Preemption() as pre:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert pre.requested and pre.signum == signal.SIGINT
+        boundary = StepBoundary(pre, FakeCheckpointer())
+        assert boundary.should_stop(4)
+        stop = boundary.preempted(4, "/runs/x/checkpoints")
+        assert type(stop) is Interrupted and stop.exit_code == 130
+        assert str(stop).startswith("Ctrl-C (SIGINT) at step 4: checkpoint saved in /runs/x/checkpoints")
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_the_first_signal_names_the_stop():
+    with Preemption() as pre:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)  # one Ctrl-C after a SIGTERM: still the first signal's exit
+        stop = StepBoundary(pre, FakeCheckpointer()).preempted(1, "/x")
+    assert type(stop) is Preempted and stop.exit_code == 143
+
+
+def test_sigint_before_arming_ends_the_process_at_once_with_130():
+    code, err = signal_before_arming(signal.SIGINT)
+    assert code == 130, err
+    assert err.strip().splitlines() == ["dapo-jax: Interrupted: Ctrl-C (SIGINT) before the first step completed: "
+                                        "nothing to save, exiting now (exit 130); rerun the same command to start or "
+                                        "resume"]

@@ -1,0 +1,92 @@
+"""What a step tells the user: its metrics row, the progress bar, and what to do when it trained on nothing.
+
+    row = step_row(result, run, stream, scorer)      # one line of RUN_DIR/metrics.jsonl
+    progress = Progress(cfg, run.step, enabled=main, run_dir=...)
+    progress.update(result, run)                      # the bar; a warning for a step that kept nothing
+
+A step whose dynamic sampling kept no group trains on nothing (`rl_step` skips the update) and warns. When
+the run's first steps all keep nothing, the cause is rarely bad luck: the model is too weak for the task
+(every response wrong) or the reward does not read what it writes (a format or answer-extraction
+mismatch), and more rounds only burn time. The run says so once, with the step's accuracy, where to read
+the responses and the knobs.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from dapo_jax.training.metrics import compile_count
+from dapo_jax.training.rollout import part_means
+from dapo_jax.training.run_state import RunState
+from dapo_jax.training.step import StepResult
+
+
+def counters(run: RunState, stream) -> dict:
+    """The run's totals, in every row and in the final summary."""
+    return {"steps_skipped": run.steps_skipped, "prompts_dropped_too_long": stream.num_skipped}
+
+
+def step_row(out: StepResult, run: RunState, stream, scorer) -> dict:
+    """The metrics row of step `run.step`: the rollout's statistics, the update's metrics, throughput and time."""
+    stats, m = out.stats, out.metrics
+    return {**stats, **m, **counters(run, stream), **part_means(out.groups, scorer.part_names),
+            "rollout_tokens_per_s": stats.get("rollout_tokens", 0.0) / max(stats["rollout_busy_s"], 1e-9),
+            "update_tokens_per_s": float(m.get("update_tokens", 0.0)) / max(out.update_s, 1e-9),
+            "rollout_time_s": out.rollout_s, "update_time_s": out.update_s, "step_time_s": out.rollout_s + out.update_s,
+            "compilations": compile_count()}
+
+
+def entropy_shown(out: StepResult) -> float:
+    """The bar's entropy: the update's (the trained tokens'), else the generated responses' (nothing kept)."""
+    return float(out.metrics.get("entropy", out.stats.get("entropy_generated", 0.0)))
+
+
+def nothing_kept(step: int, stats: dict, cfg, run_dir) -> str:
+    """Why a run's first steps keep nothing, and what to turn."""
+    r = cfg.rollout
+    acc = stats.get("accuracy", 0.0)
+    if stats.get("all_wrong_fraction", 0.0) >= 1.0:
+        seen = (f"every response was wrong (accuracy {acc:.2f}): the model is likely too weak for this task, or the "
+                f"reward does not read its answers (a format or answer-extraction mismatch)")
+    elif stats.get("all_correct_fraction", 0.0) >= 1.0:
+        seen = f"every response was right (accuracy {acc:.2f}): the task is too easy for the model"
+    else:
+        seen = (f"no group's {cfg.objective_config.dynamic_sampling_metric} differed among its {r.G} responses "
+                f"(accuracy {acc:.2f})")
+    steps = "step 1" if step == 1 else f"steps 1-{step}"
+    return (f"{steps} kept no group: in {int(stats.get('gen_rounds', 0))} generation round(s) per step "
+            f"{seen}. Read the responses with `dapo-jax show {run_dir}`; then change model.path, the reward "
+            f"(reward.functions) or the prompt (data.*.template), or give dynamic sampling more rounds "
+            f"(rollout.max_gen_batches={r.max_gen_batches}) or another signal "
+            f"(objective.dynamic_sampling_metric=reward, a reward with partial credit)")
+
+
+class Progress:
+    """The progress bar (reward, accuracy, kept fraction, entropy) and the warnings of skipped steps."""
+
+    def __init__(self, cfg, initial: int, *, enabled: bool, run_dir):
+        from tqdm.auto import tqdm
+
+        self.cfg, self.run_dir, self.explained = cfg, run_dir, False
+        self.bar = tqdm(total=cfg.train.steps, initial=initial, disable=not (cfg.train.progress and enabled),
+                        desc="train")
+        self.bar.set_postfix_str("the first step compiles its programs", refresh=True)  # until step 1's metrics
+
+    def update(self, out: StepResult, run: RunState) -> None:
+        stats = out.stats
+        if out.skipped:
+            warnings.warn(f"step {run.step}: dynamic sampling kept no group in {self.cfg.rollout.max_gen_batches} "
+                          f"generation rounds; the update is skipped ({run.steps_skipped} skipped so far)",
+                          RuntimeWarning, stacklevel=2)
+            if run.steps_skipped == run.step and not self.explained:  # every step so far: say why, once
+                self.explained = True
+                warnings.warn(nothing_kept(run.step, stats, self.cfg, self.run_dir), RuntimeWarning, stacklevel=2)
+        self.bar.update(1)
+        self.bar.set_postfix(reward=f"{stats.get('reward_mean', 0):.2f}", acc=f"{stats.get('accuracy', 0):.2f}",
+                             kept=f"{stats.get('kept_fraction', 0):.2f}", ent=f"{entropy_shown(out):.2f}")
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+__all__ = ["Progress", "counters", "entropy_shown", "nothing_kept", "step_row"]
