@@ -64,7 +64,8 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from dapo_jax.training.failed_save import CheckpointSaveError, quiet_orbax_errors, release_orbax_threads, save_failure
+from dapo_jax.training.failed_save import (CheckpointSaveError, errno_of, quiet_orbax_errors, release_orbax_threads,
+                                           save_failure)
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +189,9 @@ def _check_fits(target, record: dict[str, dict], where: str) -> None:
 
 
 def _is_out_of_memory(e: BaseException) -> bool:
-    return isinstance(e, MemoryError) or "RESOURCE_EXHAUSTED" in str(e)
+    """Host or device memory ran out (re-raised as is). Tensorstore reports a full disk as
+    `RESOURCE_EXHAUSTED` too (absl's code for ENOSPC), with the OS error number beside it: a save failure."""
+    return isinstance(e, MemoryError) or ("RESOURCE_EXHAUSTED" in str(e) and errno_of(e) is None)
 
 
 class Checkpointer:

@@ -46,7 +46,7 @@ _SAVE_CAUSES = {
 }
 
 
-def _errno_of(e: BaseException) -> int | None:
+def errno_of(e: BaseException) -> int | None:
     """The OS error number behind a save failure: an OSError's, or the `os_error_code` Tensorstore
     (Orbax's array writer) puts in its message, searched along the exception's causes."""
     seen = set()
@@ -63,7 +63,7 @@ def _errno_of(e: BaseException) -> int | None:
 
 def save_failure(directory: Path, step: int | None, e: BaseException, last_good: int | None) -> CheckpointSaveError:
     """The one-line error for a failed save of `step` into `directory`."""
-    code = _errno_of(e)
+    code = errno_of(e)
     if code in _SAVE_CAUSES:
         cause = f"{_SAVE_CAUSES[code]} [{errno.errorcode.get(code, code)}]"
     else:
@@ -94,19 +94,32 @@ def quiet_orbax_errors() -> None:
         logger.addFilter(_DemoteOrbaxErrors())
     if not getattr(sys.excepthook, "_dapo_jax", False):
         sys.excepthook = _skipping_closed_loop_callbacks(sys.excepthook)
+    if not getattr(sys.unraisablehook, "_dapo_jax", False):
+        hook = sys.unraisablehook
+
+        def unraisable(u):
+            if not _is_closed_loop_echo(u.exc_type, u.exc_value, u.exc_traceback):
+                hook(u)
+
+        unraisable._dapo_jax = True
+        sys.unraisablehook = unraisable
+
+
+def _is_closed_loop_echo(kind, value, tb) -> bool:
+    """Tensorstore completes the writes still in flight after a failed save's event loop has closed,
+    and reports the RuntimeError of each callback it could not deliver (through `sys.unraisablehook`
+    or `sys.excepthook`): echoes of the failed save, which `check` reports once."""
+    frames = traceback.extract_tb(tb) if tb is not None else []
+    return kind is RuntimeError and str(value) == "Event loop is closed" and bool(frames) and \
+        all(f"{os.sep}asyncio{os.sep}" in frame.filename for frame in frames)
 
 
 def _skipping_closed_loop_callbacks(hook):
-    """`sys.excepthook` less one echo of a failed save: Tensorstore completes the writes still in
-    flight after the save's event loop has closed, and prints (through this hook) the RuntimeError
-    of each callback it could not deliver; the save's error is reported once, by `check`."""
+    """`sys.excepthook` less the echoes of a failed save (`_is_closed_loop_echo`)."""
 
     def skip(kind, value, tb):
-        frames = traceback.extract_tb(tb) if tb is not None else []
-        if kind is RuntimeError and str(value) == "Event loop is closed" and frames and \
-                all(f"{os.sep}asyncio{os.sep}" in frame.filename for frame in frames):
-            return
-        hook(kind, value, tb)
+        if not _is_closed_loop_echo(kind, value, tb):
+            hook(kind, value, tb)
 
     skip._dapo_jax = True
     return skip

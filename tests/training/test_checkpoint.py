@@ -369,3 +369,41 @@ def test_save_failure_causes_come_from_oserrors_and_tensorstore_messages(tmp_pat
     assert "no checkpoint was completed" in str(save_failure(tmp_path, 1, wrapped, None))
     other = str(save_failure(tmp_path, 4, RuntimeError("odd\nsecond line"), 2))
     assert "RuntimeError: odd;" in other and "second line" not in other
+
+
+def test_a_full_disk_in_tensorstores_words_is_a_save_failure_not_out_of_memory():
+    """absl names ENOSPC `RESOURCE_EXHAUSTED`, like a device out of memory (which is re-raised as is):
+    the OS error number beside it makes it a failed save (exit 6), not a crash (exit 1)."""
+    from dapo_jax.training.checkpoint import _is_out_of_memory
+
+    disk = ValueError("RESOURCE_EXHAUSTED: Failed to write 5378048 bytes to file 11: No space left on device "
+                      "[os_error_code='28']")
+    assert not _is_out_of_memory(disk)
+    assert _is_out_of_memory(RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 2.00GiB"))
+    assert _is_out_of_memory(MemoryError())
+
+
+def test_the_closed_loop_echoes_of_a_failed_save_are_not_printed(monkeypatch):
+    """Tensorstore reports each write it completes after the failed save's event loop closed through
+    `sys.unraisablehook` (a traceback per write, without a header): those echoes are dropped, others not."""
+    import asyncio
+    import sys
+    import types
+
+    from dapo_jax.training.failed_save import quiet_orbax_errors
+
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(u.exc_type))
+    monkeypatch.setattr(sys, "excepthook", lambda kind, value, tb: seen.append(kind))
+    quiet_orbax_errors()
+    loop = asyncio.new_event_loop()
+    loop.close()
+    for error in (lambda: loop.call_soon_threadsafe(print), lambda: 1 / 0):
+        try:
+            error()
+        except Exception as e:  # noqa: BLE001
+            tb = e.__traceback__.tb_next.tb_next  # the frames below this test's lambda, as a callback raised them
+            sys.unraisablehook(types.SimpleNamespace(exc_type=type(e), exc_value=e, exc_traceback=tb,
+                                                     err_msg=None, object=None))
+            sys.excepthook(type(e), e, tb)
+    assert seen == [ZeroDivisionError, ZeroDivisionError]
