@@ -296,17 +296,18 @@ def can_mount() -> bool:
                                          ("full", "no space left on the device")])
 def test_a_checkpoints_folder_that_fails_stops_the_run_at_the_next_step_in_one_line(
         tiny_model_dir, tmp_path, overrides_for, mode, cause):
-    """After checkpoint 3, the checkpoints folder is remounted read-only, or the small device it is on is
+    """After checkpoint 6, the checkpoints folder is remounted read-only, or the small device it is on is
     filled by another writer (`tests/training/save_faults.py`; an OSError injected at Python's file
-    system calls where no mount can be made). Step 6's async save fails: the run stops at the next
-    step boundary, not at the next save (step 9), with one line and exit 6, and checkpoint 3 loads."""
+    system calls where no mount can be made). Step 12's async save fails: the run stops at the first
+    step boundary after the failure surfaces (a busy machine may take a step or two to fail the
+    background save), not at the next save (step 18), with one line and exit 6, and checkpoint 6 loads."""
     from dapo_jax.training.config import load_config
     from dapo_jax.training.loop import load_trained_model
 
     run_dir, keep = tmp_path / "run", tmp_path / "kept"
     ckpt_dir = run_dir / "checkpoints"
     how = "mount" if can_mount() else "inject"
-    args = overrides_for(tiny_model_dir, run_dir, **{"train.steps": 9, "train.checkpoint_every": 3, "data.eval": "null"})
+    args = overrides_for(tiny_model_dir, run_dir, **{"train.steps": 18, "train.checkpoint_every": 6, "data.eval": "null"})
     cmd = [sys.executable, "-m", "tests.training.save_faults", mode, how, str(ckpt_dir), str(keep), "train", "tiny_dapo",
            *args]
     proc = subprocess.run(["unshare", "-rm", *cmd] if how == "mount" else cmd, cwd=REPO, capture_output=True, text=True,
@@ -314,11 +315,11 @@ def test_a_checkpoints_folder_that_fails_stops_the_run_at_the_next_step_in_one_l
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("dapo-jax:")]
     assert proc.returncode == 6, proc.stderr[-3000:]
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert f"could not save step 6 in {ckpt_dir}: {cause}" in lines[0] and f"{ckpt_dir}/3, intact" in lines[0]
-    assert 7 <= max(r["step"] for r in read_metrics(run_dir)) < 9
+    assert f"could not save step 12 in {ckpt_dir}: {cause}" in lines[0] and f"{ckpt_dir}/6, intact" in lines[0]
+    assert 13 <= max(r["step"] for r in read_metrics(run_dir)) < 18
     kept = keep if how == "mount" and mode == "full" else ckpt_dir  # a tmpfs goes with its namespace
     _, _, step = load_trained_model(load_config(run_dir / "config.yaml"), kept)
-    assert step == 3
+    assert step == 6
 
 
 # ----------------------------------------------------------------------------- starvation and dropped prompts
