@@ -14,7 +14,8 @@ critic's state) plus what its largest program adds while it runs:
 
 where `held` is what the program runs beside (the packed update keeps the prepared batch while its chunks
 run). The phases are the rollout (and the evaluation's), the log-prob pass (`prepare`: log π_old, log π_ref,
-the critic's values, the advantages), the update and the critic's update; with `rollout.overlap` the next
+the critic's values, the advantages), the update and the critic's update, and each learned reward model's
+scoring (its frozen weights resident for the whole run, `training/reward_models.py`); with `rollout.overlap` the next
 rollout runs during the update, on a copy of the parameters ("update + overlapped rollout").
 
 A model of more than three layers whose programs run their layers as a scan is compiled at 2 and 3 layers
@@ -231,6 +232,8 @@ def make_plan(cfg: RunConfig, *, topology: str | None = None, device_memory_gib:
             for job in world.jobs():
                 if only is not None and not job.name.startswith(only):
                     continue
+                if not job.layered and job.name in jobs_of:  # the same program at every policy depth: once
+                    continue
                 jobs_of[job.name] = job
                 pending.append((job.name, count, lower_for(job.lower, target=key, args=(job.args, job.kwargs),
                                                            resident=job.resident, held=job.held, cache=cache)))
@@ -239,11 +242,12 @@ def make_plan(cfg: RunConfig, *, topology: str | None = None, device_memory_gib:
         def run(item):
             name, count, m = item
             hit = m.cached() is not None
+            depth = f" ({count} layer{'s' * (count > 1)})" if jobs_of[name].layered else ""
             if not hit:
-                log(f"compiling {name} ({count} layer{'s' * (count > 1)}) for {target} ...")
+                log(f"compiling {name}{depth} for {target} ...")
             result = m.run()
             if not hit:
-                log(f"  {name} ({count} layers): {result[1]:.1f} s{', refused: does not fit' if result[0].refused else ''}")
+                log(f"  {name}{depth}: {result[1]:.1f} s{', refused: does not fit' if result[0].refused else ''}")
             return name, count, result
 
         with ThreadPoolExecutor(max(1, jobs)) as pool:

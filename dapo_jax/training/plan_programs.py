@@ -42,6 +42,7 @@ class Job:
     held: int = 0  # bytes alive beside it that are not its arguments
     attention: str = ""
     shape: str = ""  # what it computes on, in words
+    layered: bool = True  # False: it does not depend on the policy's depth (compiled once, at full size)
 
     def lower(self):
         return self.fn.lower(*self.args, **self.kwargs)
@@ -96,6 +97,7 @@ class World:
     state: Any  # TrainState, abstract
     reference: Any  # the reference policy's weights, or None
     critic_state: Any  # the critic's TrainState, or None
+    reward_models: list = dataclasses.field(default_factory=list)  # training/reward_models.py's RewardModelPlan
 
     @property
     def rows(self) -> NamedSharding:
@@ -118,7 +120,8 @@ class World:
         return {"parameters": shard_bytes(s.params), "optimizer state": shard_bytes((s.opt_state, s.step, s.skipped)),
                 "frozen base (LoRA)": shard_bytes(self.policy.frozen) if self.policy.frozen is not None else 0,
                 "reference": shard_bytes(self.reference) - self._shared_with_frozen(self.reference),
-                "critic (parameters + optimizer)": shard_bytes(self.critic_state)}
+                "critic (parameters + optimizer)": shard_bytes(self.critic_state),
+                "reward models (frozen)": sum(rm.param_bytes for rm in self.reward_models)}
 
     def _shared_with_frozen(self, ref) -> int:
         """Under LoRA the reference is `(frozen base, zero adapters)`: the base is the policy's own."""
@@ -159,6 +162,12 @@ class World:
                             shape=f"{r.gen_batch} prompts x {r.G} samples, S {s}, T {t}"))
         else:
             jobs += self._continuous_jobs(sampler, sampler_resident, key, prefill)
+        for rm in self.reward_models:  # between generation and the advantages, on every rollout and evaluation
+            ids = rm.inputs[0]
+            jobs.append(Job(f"reward model {rm.index}", "reward scoring", rm.score_fn, (rm.params, *rm.inputs),
+                            resident=(rm.params,), layered=False,
+                            shape=f"{ids.shape[0]} rows x {ids.shape[1]} tokens, reward.functions.{rm.index} "
+                                  f"({rm.name}: {rm.path.name})"))
         if cfg.data.eval is not None:
             k = cfg.train.eval_k
             prompts = (self.batched((r.gen_batch, s), jnp.int32), self.batched((r.gen_batch, s), jnp.int32))
@@ -339,7 +348,9 @@ def build_world(cfg: RunConfig, model_cfg, mesh) -> World:
                                   scfg=sampling_config(cfg, tok, model_cfg, generation=gen),
                                   eval_scfg=sampling_config(cfg, tok, model_cfg, eval_mode=True, generation=gen),
                                   critic=critic)
-    return World(cfg, model_cfg, mesh, policy, programs, state, reference, critic_state)
+    from dapo_jax.training.reward_models import reward_model_shapes
+
+    return World(cfg, model_cfg, mesh, policy, programs, state, reference, critic_state, reward_model_shapes(cfg, mesh))
 
 
 def _abstract_critic(cfg: RunConfig, model_cfg, mesh):
