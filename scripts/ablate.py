@@ -56,31 +56,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiment.py beside this script
 
 from experiment import (  # noqa: E402
-    FINDINGS_PLACEHOLDER,
-    DONE_FILE,
-    SINGLE_THREAD_XLA,
-    Job,
-    add_run_arguments,
-    column,
-    default_config,
-    default_target,
-    fmt_cell,
-    is_finished,
-    machine,
-    markdown_table,
-    mean_sd,
-    pick_rows,
-    read_run,
-    rel,
-    run_all,
-    run_one,
-    series,
-    smooth,
-    summarize_run,
-    use_compile_cache,
-    value_at,
-    write_page,
-    yaml_value,
+    finish, FINDINGS_PLACEHOLDER, DONE_FILE, SINGLE_THREAD_XLA, Job, add_run_arguments, column, default_config,
+    default_target, fmt_cell, is_finished, machine, markdown_table, mean_sd, pick_rows, read_run, rel,
+    run_all, run_one, series, smooth, summarize_run, use_compile_cache, value_at, write_page, yaml_value,
 )
 
 __all__ = ["DONE_FILE", "SINGLE_THREAD_XLA", "fmt_cell", "markdown_table", "read_run", "summarize_run"]
@@ -649,11 +627,7 @@ def main(argv=None) -> int:
     print()
     print(markdown_table(rows, summaries, CLIP_COLUMNS if off else DYNAMICS_COLUMNS))
     print(f"\n[ablate] wrote {out} and {len(figures)} figure(s)", flush=True)
-    for line in failed:
-        print(f"[ablate] FAILED {line}", file=sys.stderr)
-    if missing:
-        print(f"[ablate] left out of the tables (unfinished or failed): {', '.join(missing)}", file=sys.stderr)
-    return 1 if failed else 0
+    return finish("ablate", failed, missing)
 
 
 if __name__ == "__main__":

@@ -136,6 +136,16 @@ def _run_child(script: str, argv: list[str], job: Job, name: str, cores: queue.Q
     return None
 
 
+def finish(tag: str, failed: list[str], missing: list[str]) -> int:
+    """The script's exit code after its report: each failed run and each run left out of the tables on
+    standard error, 1 when a run failed."""
+    for line in failed:
+        print(f"[{tag}] FAILED {line}", file=sys.stderr)
+    if missing:
+        print(f"[{tag}] left out of the tables (unfinished or failed): {', '.join(missing)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
 def run_all(jobs: list[Job], *, n_jobs: int = 1, script: str = "", argv: list[str] | None = None,
             tag: str = "run") -> list[str]:
     """Trains every unfinished job; returns the runs that failed (as 'key/seedS: error').

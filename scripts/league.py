@@ -44,30 +44,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiment.py beside this script
 
 from experiment import (  # noqa: E402
-    FINDINGS_PLACEHOLDER,
-    Job,
-    add_run_arguments,
-    available_cores,
-    column,
-    default_config,
-    default_target,
-    fmt_cell,
-    is_finished,
-    machine,
-    markdown_table,
-    mean_sd,
-    pick_rows,
-    read_run,
-    rel,
-    run_all,
-    run_one,
-    series,
-    smooth,
-    summarize_run,
-    use_compile_cache,
-    value_at,
-    write_page,
-    yaml_value,
+    finish, FINDINGS_PLACEHOLDER, Job, add_run_arguments, available_cores, column, default_config, default_target,
+    fmt_cell, is_finished, machine, markdown_table, mean_sd, pick_rows, read_run, rel, run_all, run_one,
+    series, smooth, summarize_run, use_compile_cache, value_at, write_page, yaml_value,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -483,11 +462,7 @@ def main(argv=None) -> int:
     write_report(args.out, plan, cfg, rows, summaries, runs, offsets, target, figures, command, missing)
     print(markdown_table(rows, summaries, TABLE_COLUMNS, first="objective"))
     print(f"\n[league] wrote {args.out} and {len(figures)} figure(s)", flush=True)
-    for line in failed:
-        print(f"[league] FAILED {line}", file=sys.stderr)
-    if missing:
-        print(f"[league] left out of the tables (unfinished or failed): {', '.join(missing)}", file=sys.stderr)
-    return 1 if failed else 0
+    return finish("league", failed, missing)
 
 
 if __name__ == "__main__":

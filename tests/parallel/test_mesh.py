@@ -8,12 +8,7 @@ from jax.sharding import AxisType, PartitionSpec as P
 
 from dapo_jax.parallel import mesh as mesh_lib
 from dapo_jax.parallel import (
-    AXES,
-    MeshError,
-    batch_divisor,
-    batch_sharding,
-    make_mesh,
-    maybe_initialize_distributed,
+    AXES, MeshError, batch_divisor, batch_sharding, make_mesh, maybe_initialize_distributed,
     resolve_mesh_shape,
 )
 

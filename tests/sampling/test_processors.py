@@ -232,10 +232,15 @@ def assert_same_kept(got, want, logp, top_k, top_p, context=""):
     return len(bad)
 
 
-@pytest.mark.parametrize("widths", list(WIDTHS))
-def test_kept_set_and_filtered_logits_match_the_sorted_filter(widths, monkeypatch):
-    for name, value in WIDTHS[widths].items():
+@pytest.fixture(params=list(WIDTHS))
+def widths(request, monkeypatch) -> str:
+    """Each of WIDTHS's settings of the filters' widths, patched into `processors` for the test."""
+    for name, value in WIDTHS[request.param].items():
         monkeypatch.setattr(processors, name, value)
+    return request.param
+
+
+def test_kept_set_and_filtered_logits_match_the_sorted_filter(widths):
     rng = np.random.default_rng(7)
     vocab, batch = 1000, 8
     cases = [
@@ -258,12 +263,9 @@ def test_kept_set_and_filtered_logits_match_the_sorted_filter(widths, monkeypatc
     assert edges <= rows // 1000, f"{edges} of {rows} rows differ at a float32 knife edge"
 
 
-@pytest.mark.parametrize("widths", list(WIDTHS))
-def test_the_filters_take_every_path(widths, monkeypatch):
+def test_the_filters_take_every_path(widths):
     """The cases above reach the candidate list, the bisection fallback and (narrow) the k-th value by
     bisection: nuclei narrower and wider than the candidate list, top-k wider than `_TOP_K_DIRECT`."""
-    for name, value in WIDTHS[widths].items():
-        monkeypatch.setattr(processors, name, value)
     rng = np.random.default_rng(7)
     kept = lambda kind, top_k, top_p: np.asarray(truncation_mask(
         tempered_logprobs(jnp.asarray(logits_of(kind, rng, 8, 1000)), temperature=1.0), top_k=top_k, top_p=top_p,
@@ -275,11 +277,8 @@ def test_the_filters_take_every_path(widths, monkeypatch):
         assert (kept("flat", 50, 1.0) == 50).all() and (kept("flat", 50, 0.95) > processors._CANDIDATES).all()
 
 
-@pytest.mark.parametrize("widths", list(WIDTHS))
 def test_draws_are_identical_to_draws_with_the_sorted_filter(widths, monkeypatch):
     """Same uniforms, same kept set, so the same tokens and bit-identical log-probs."""
-    for name, value in WIDTHS[widths].items():
-        monkeypatch.setattr(processors, name, value)
     rng = np.random.default_rng(11)
     vocab, batch = 1000, 64
     uniform = jax.random.uniform(jax.random.key(3), (batch,))
