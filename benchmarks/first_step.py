@@ -23,25 +23,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.harness import REPO, median
+from benchmarks.harness import REPO, median, run
 
 KEYS = ("to_step1_s", "step1_s", "eval0_s", "process_s", "compilations")
 
 
 def one_run(checkout: Path, config: str, run_dir: Path, extra: list[str]) -> dict:
-    overrides = [f"train.steps=1", f"train.run_dir={run_dir}", "train.checkpoint_every=0", "train.progress=false",
+    overrides = ["train.steps=1", f"train.run_dir={run_dir}", "train.checkpoint_every=0", "train.progress=false",
                  "train.tensorboard=false", *extra]
-    env = {**os.environ, "DAPO_JAX_COMPILATION_CACHE": "off", "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(checkout), os.environ.get("PYTHONPATH", "")) if p)}
+    env = {**os.environ, "DAPO_JAX_COMPILATION_CACHE": "off", "PYTHONUNBUFFERED": "1"}
     start = time.time()
-    proc = subprocess.run([sys.executable, "-m", "dapo_jax.cli", "train", config, *overrides], cwd=checkout, env=env,
-                          capture_output=True, text=True)
+    proc = run([sys.executable, "-m", "dapo_jax.cli", "train", config, *overrides], env=env, checkout=checkout)
     process_s = time.time() - start
     if proc.returncode:
         tail = " | ".join(proc.stderr.strip().splitlines()[-5:])

@@ -68,12 +68,12 @@ def peak_rss_bytes() -> int:
 
 
 def run(cmd: list[str], *, env: dict | None = None, timeout: float | None = None,
-        capture: bool = True) -> subprocess.CompletedProcess:
+        capture: bool = True, checkout: Path = REPO) -> subprocess.CompletedProcess:
     """`cmd` from the checkout's root with the checkout first on PYTHONPATH (this `benchmarks` and
-    `dapo_jax`, whatever is installed)."""
+    `dapo_jax`, whatever is installed); `checkout`: another clone's root, to run its code instead."""
     env = dict(os.environ if env is None else env)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    return subprocess.run(cmd, cwd=REPO, env=env, timeout=timeout, capture_output=capture, text=True)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(checkout), env.get("PYTHONPATH", "")) if p)
+    return subprocess.run(cmd, cwd=checkout, env=env, timeout=timeout, capture_output=capture, text=True)
 
 
 def run_child(module: str, args: list[str] = (), *, python: str = sys.executable, env: dict | None = None,
