@@ -19,8 +19,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import jax
-
 __all__ = ["RewardModelPlan", "reward_model_shapes"]
 
 
@@ -34,23 +32,11 @@ class RewardModelPlan(NamedTuple):
     param_bytes: int  # bytes of the parameters on the most loaded device
 
 
-def _per_device_bytes(tree) -> int:
-    """The largest total over devices of each array's shard bytes."""
-    totals: dict = {}
-    for x in jax.tree.leaves(tree):
-        shard = x.sharding.shard_shape(x.shape)
-        nbytes = int(jax.numpy.dtype(x.dtype).itemsize)
-        for d in shard:
-            nbytes *= int(d)
-        for device in x.sharding.device_set:
-            totals[device] = totals.get(device, 0) + nbytes
-    return max(totals.values(), default=0)
-
-
 def reward_model_shapes(cfg, mesh) -> list[RewardModelPlan]:
     """Every learned reward of the run config `cfg` on `mesh` (empty when it has none); raises the
     run's own `DataError` (one line naming `reward.functions.N`) for a folder that cannot be one."""
     from dapo_jax.rewards.reward_model import LearnedReward
+    from dapo_jax.training.plan_compile import shard_bytes
     from dapo_jax.training.sources import make_scorer
 
     scorer = make_scorer(cfg.reward, cfg.objective_config,
@@ -60,5 +46,5 @@ def reward_model_shapes(cfg, mesh) -> list[RewardModelPlan]:
         if not isinstance(fn, LearnedReward):
             continue
         params, inputs, score_fn = fn.abstract(mesh, dtype=cfg.model.dtype)
-        plans.append(RewardModelPlan(i, name, fn.path, params, inputs, score_fn, _per_device_bytes(params)))
+        plans.append(RewardModelPlan(i, name, fn.path, params, inputs, score_fn, shard_bytes(params)))
     return plans
