@@ -166,6 +166,18 @@ def has_compaction() -> bool:
     return "compaction" in {f.name for f in dataclasses.fields(SamplingConfig)}
 
 
+def default_fast_paths(w: Workload) -> tuple[bool, bool]:
+    """`(optim.packing, rollout.compaction)` as a run config that leaves them unset resolves them for this
+    workload (training/config.py's `_resolve_fast_paths`): what a user's own config gets."""
+    from dapo_jax.training.config import RunConfig
+
+    cfg = RunConfig.model_validate({
+        "objective": {"name": "dapo", "dynamic_sampling": False, "overlong_buffer": None},
+        "rollout": {"G": w.G, "train_batch": w.prompts, "gen_batch": w.prompts, "max_new_tokens": w.max_new_tokens},
+        "data": {"max_prompt_length": w.max_prompt_length}})
+    return bool(cfg.optim.packing), bool(cfg.rollout.compaction)
+
+
 def run_ours(model_dir: Path, w: Workload, info: dict, *, packing: bool, compaction: bool) -> dict:
     """The trainer's own functions (make_generate, make_train_step or make_packed_train_step,
     compute_advantages), as the loop calls them, on a one-device mesh as the loop builds it."""
@@ -330,8 +342,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tunix-python", default=None, help="interpreter with google-tunix installed")
     ap.add_argument("--peer-timeout", type=float, default=1800.0, help="seconds per peer run")
     ap.add_argument("--variants", default=None,
-                    help="dapo_jax variants: base, compaction, packing, packing+compaction (default: every one this "
-                         "checkout has; --quick: the last of them)")
+                    help="dapo_jax variants: base, compaction, packing, packing+compaction, default (what a config "
+                         "that sets neither gets) (default: every one this checkout has but default; --quick: the "
+                         "last of them)")
     ap.add_argument("--prompts", type=int, default=None, help="prompts per step (default: the workload's)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps (default: the workload's)")
     ap.add_argument("--json", default=None, help="also write every result here (JSON lines)")
@@ -362,6 +375,8 @@ def main(argv=None) -> int:
         if has_compaction():
             available["packing+compaction"] = (True, True)
     names = list(available)[-1:] if args.quick and not args.variants else (args.variants or ",".join(available)).split(",")
+    if "packing+compaction" in available:
+        available["default"] = default_fast_paths(w)  # a config that sets neither
     missing = [n for n in names if n not in available]
     if missing:
         print(f"[benchmarks.peers] dapo_jax variant(s) {missing} not available in this checkout (have {list(available)})")
@@ -379,6 +394,8 @@ def main(argv=None) -> int:
             # this machine's speed drifts within minutes, and one peak taken at the start misstates later runs
             for name, (packing, compaction) in variants:
                 r = run_ours(model_dir, w, info, packing=packing, compaction=compaction)
+                if name == "default":  # the same program as the variant it resolves to, run again
+                    r["framework"] = r["framework"].replace("dapo_jax", "dapo_jax default:", 1)
                 before = _set_peak(r, before)
                 r["update_peak_fraction"] = r["update_flops_per_s"] / r["peak_flops_per_s"]
                 results.append(r)

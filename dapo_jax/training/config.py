@@ -117,7 +117,8 @@ class RolloutSection(_Section):
     max_new_tokens: int = Field(default=16, gt=0)  # the response budget L_max in tokens (EOS included)
     # Active-row compaction (dapo_jax/sampling/compaction.py): once at most half the rows are still
     # decoding, go on with a batch of half the size (down to compaction_min_rows); same rollout.
-    compaction: bool = False
+    # None = on unless rollout.continuous (its alternative) or gen_batch x G cannot halve to compaction_min_rows
+    compaction: bool | None = None
     compaction_min_rows: int = Field(default=8, ge=1)  # the smallest batch compaction goes down to
     # Continuous batching (dapo_jax/sampling/continuous.py): gen_batch x G row slots decoding at once,
     # finished rows refilled with the next prompts, continuous_refill prompts at a time (None = a
@@ -145,7 +146,8 @@ class OptimSection(_Section):
     micro_batches: int = Field(default=1, gt=0)  # gradient accumulation within a mini-batch (same update)
     # Padding-free policy update (training/packed_step.py): the real tokens of every (prompt, response)
     # packed end to end into chunks of packing_rows x (max_prompt_length + max_new_tokens); same result.
-    packing: bool = False
+    # None = on, except for kind=gdpo (its per-prompt metric needs the unpacked layout)
+    packing: bool | None = None
     # responses per chunk; None = half a micro-batch's, >= G, a multiple of data*fsdp
     # (packed_step.default_chunk_rows)
     packing_rows: int | None = Field(default=None, gt=0)
@@ -340,6 +342,8 @@ class RunConfig(_Section):
             raise _KeyedError(f"objective.{e.key}", e.msg) from e
         except (ValueError, TypeError, KeyError, pydantic.ValidationError) as e:
             raise _KeyedError("objective", f"{type(e).__name__}: {e}") from e
+        self._resolve_fast_paths(objective)
+        o, r = self.optim, self.rollout
         if o.packing and objective.kind == "gdpo":
             raise _KeyedError("optim.packing", "kind='gdpo' is not supported packed (its groups_used metric counts "
                               "the batch's prompts): set optim.packing=false")
@@ -410,6 +414,18 @@ class RunConfig(_Section):
                           f"soft overlong punishment band that must fit in the response: raise {key} above {buffer}, "
                           f"or shrink the band (objective.overlong_buffer={max(1, length // 4)}), or turn it off "
                           f"(objective.overlong_buffer=null)")
+
+    def _resolve_fast_paths(self, objective) -> None:
+        """`optim.packing` and `rollout.compaction` left unset (None) become what is exact and faster here:
+        both compute the same update and rollout as the plain paths (tests/training/test_packed_step.py,
+        tests/sampling/test_compaction.py), so they are on wherever they apply (docs/benchmarks.md,
+        "Fast paths by default")."""
+        r, o = self.rollout, self.optim
+        if o.packing is None:
+            object.__setattr__(self, "optim", o.model_copy(update={"packing": objective.kind != "gdpo"}))
+        if r.compaction is None:
+            halves = (r.gen_batch * r.G) // 2 >= r.compaction_min_rows
+            object.__setattr__(self, "rollout", r.model_copy(update={"compaction": not r.continuous and halves}))
 
     @property
     def sampler_dtype(self) -> str:

@@ -154,12 +154,13 @@ class World:
         sampler, sampler_resident = self.sampler_state()
         key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=NamedSharding(self.mesh, PartitionSpec()))
         prefill = f"prefill {p.attention['rollout prefill']}, decode with the KV cache"
+        compacted = ", row compaction" if r.compaction else ""  # later decode stages on fewer rows (sampling/compaction.py)
         jobs = []
         if p.continuous is None:
             prompts = (self.batched((r.gen_batch, s), jnp.int32), self.batched((r.gen_batch, s), jnp.int32))
             jobs.append(Job("rollout", "rollout", p.generate, (sampler, *prompts, key), resident=sampler_resident,
                             attention=prefill,
-                            shape=f"{r.gen_batch} prompts x {r.G} samples, S {s}, T {t}"))
+                            shape=f"{r.gen_batch} prompts x {r.G} samples, S {s}, T {t}{compacted}"))
         else:
             jobs += self._continuous_jobs(sampler, sampler_resident, key, prefill)
         for rm in self.reward_models:  # between generation and the advantages, on every rollout and evaluation
@@ -173,7 +174,7 @@ class World:
             prompts = (self.batched((r.gen_batch, s), jnp.int32), self.batched((r.gen_batch, s), jnp.int32))
             jobs.append(Job("eval rollout", "eval rollout", p.generate_eval, (sampler, *prompts, key),
                             resident=sampler_resident, attention=prefill,
-                            shape=f"{r.gen_batch} prompts x {k} samples, S {s}, T {t}"))
+                            shape=f"{r.gen_batch} prompts x {k} samples, S {s}, T {t}{compacted}"))
         prepare_args, prepare_kwargs = self._prepare_inputs()
         resident = (prepare_args[0], prepare_args[1], prepare_kwargs.get("critic_params"))
         jobs.append(Job("prepare", "log-prob", p.prepare, prepare_args, prepare_kwargs, resident=resident,

@@ -35,14 +35,16 @@ def _first_checkpoint(ckpt: Path, proc=None) -> bool:
 
 
 def _fill(ckpt: Path) -> None:
-    with open(ckpt / "filler", "wb") as f:
-        block = b"\0" * (1 << 16)
-        try:
+    """Writes until the device is full. The device may already be full (the run's own next save got
+    there first): then even opening the filler fails, and that is the state wanted too."""
+    block = b"\0" * (1 << 16)
+    try:
+        with open(ckpt / "filler", "wb") as f:
             while True:
                 f.write(block)
                 f.flush()
-        except OSError:
-            pass
+    except OSError:
+        pass
 
 
 def mount(mode: str, ckpt: Path, keep: Path, args: list[str]) -> int:

@@ -44,7 +44,7 @@ def tiny_hf():
 def tiny_plan():
     from dapo_jax.training.plan import make_plan
 
-    return make_plan(load_config(TINY), cache=False)
+    return make_plan(load_config(TINY, ["optim.packing=false"]), cache=False)  # the padded update: one program
 
 
 def test_tiny_plan_figures_match_independent_counts(tiny_plan, tiny_hf):
@@ -67,7 +67,7 @@ def test_tiny_plan_figures_match_independent_counts(tiny_plan, tiny_hf):
     assert ro.resident_args == p.resident["parameters"]
     assert phase["rollout"].total == p.resident_total + ro.arguments - p.resident["parameters"] + ro.outputs + ro.temporaries
     # KV cache: 2 (k, v) x layers x (gen_batch prompts x S + gen_batch x G x (T-1) response slots) x H_kv x D x 4 B
-    cfg = load_config(TINY)
+    cfg = load_config(TINY, ["optim.packing=false"])
     r = cfg.rollout
     slots = r.gen_batch * cfg.data.max_prompt_length + r.gen_batch * r.G * (r.max_new_tokens - 1)
     assert p.kv_cache == 2 * tiny_hf["num_hidden_layers"] * slots * tiny_hf["num_key_value_heads"] * tiny_hf["head_dim"] * 4
@@ -98,7 +98,7 @@ def test_fsdp_shrinks_per_device_parameters(tiny_plan, tiny_hf):
     """conftest gives 8 virtual CPU devices: over fsdp=2, each holds half of every weight matrix."""
     from dapo_jax.training.plan import make_plan
 
-    p2 = make_plan(load_config(TINY, ["mesh.fsdp=2", "data.eval=null"]), cache=False)
+    p2 = make_plan(load_config(TINY, ["mesh.fsdp=2", "data.eval=null", "optim.packing=false"]), cache=False)
     assert p2.mesh == {"data": 1, "fsdp": 2, "tensor": 1} and p2.target == "2 of 8 x cpu"
     assert p2.resident["parameters"] == independent_param_bytes(tiny_hf, fsdp=2) < tiny_plan.resident["parameters"]
     programs = {x.name: x.figures for x in p2.programs}

@@ -87,7 +87,8 @@ def test_extrapolation_matches_a_full_compile_within_2_percent(tmp_path):
     from dapo_jax.training.config import load_config
     from dapo_jax.training.plan import make_plan
 
-    cfg = load_config("tiny_dapo", ["model.remat=full", "data.eval=null", "rollout.recompute_old_logp=true"])
+    cfg = load_config("tiny_dapo", ["model.remat=full", "data.eval=null", "rollout.recompute_old_logp=true",
+                                   "optim.packing=false"])  # one update program
     kw = dict(model_config=_deeper_tiny(tmp_path, 8), only=("prepare", "update"), cache=tmp_path / "cache")
     line, whole = make_plan(cfg, **kw), make_plan(cfg, exact=True, **kw)
     assert [p.layers for p in line.programs] == [(2, 3), (2, 3)] and [p.layers for p in whole.programs] == [(8,), (8,)]
@@ -108,7 +109,7 @@ def test_small_tpu_programs_are_compiled_whole(tmp_path):
     from dapo_jax.training.config import load_config
     from dapo_jax.training.plan import make_plan
 
-    cfg = load_config("tiny_dapo", ["model.remat=full", "mesh.fsdp=4", "data.eval=null"])
+    cfg = load_config("tiny_dapo", ["model.remat=full", "mesh.fsdp=4", "data.eval=null", "optim.packing=false"])
     kw = dict(topology="v5e-4", model_config=_deeper_tiny(tmp_path, 8), only=("update",), cache=tmp_path / "cache")
     plan = make_plan(cfg, **kw)
     exact = make_plan(cfg, exact=True, **kw)  # the same 8-layer program: from the cache
