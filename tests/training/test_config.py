@@ -204,3 +204,31 @@ def test_a_partial_critic_section_takes_optims_values_for_the_keys_it_does_not_n
     assert cfg.critic_optim.weight_decay == cfg.optim.weight_decay == 0.0  # not CriticSection's default 0.1
     assert cfg.critic_optim.warmup_steps == cfg.optim.warmup_steps == 5
     assert load_config(CONFIG_DIR / "tiny_vapo.yaml").critic_optim.warmup_steps == 0  # named in the file
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_every_recipe_resolves_to_the_fast_exact_paths(path):
+    """A recipe that leaves optim.packing / rollout.compaction unset gets both (they compute the same update and
+    rollout as the plain paths); what a recipe names is kept."""
+    raw = yaml.safe_load(path.read_text())
+    cfg = load_config(path)
+    named_packing = (raw.get("optim") or {}).get("packing")
+    named_compaction = (raw.get("rollout") or {}).get("compaction")
+    assert cfg.optim.packing is (True if named_packing is None else named_packing)
+    halves = cfg.rollout.gen_batch * cfg.rollout.G // 2 >= cfg.rollout.compaction_min_rows
+    expected = (not cfg.rollout.continuous and halves) if named_compaction is None else named_compaction
+    assert cfg.rollout.compaction is expected
+
+
+@pytest.mark.parametrize("overrides, packing, compaction", [
+    ([], True, True),  # neither named: both on
+    (["optim.packing=false", "rollout.compaction=false"], False, False),  # named: kept
+    (["objective.name=gdpo", "objective.overlong_buffer=null"], False, True),  # group DPO's metric needs the padded layout
+    (["rollout.continuous=true"], True, False),  # continuous batching is compaction's alternative
+    (["rollout.G=4", "rollout.compaction_min_rows=10000"], True, False),  # too few rows to halve
+])
+def test_unset_fast_paths_resolve_where_they_apply(overrides, packing, compaction):
+    cfg = load_config("tiny_dapo", ["optim.packing=null", "rollout.compaction=null", *overrides])
+    assert (cfg.optim.packing, cfg.rollout.compaction) == (packing, compaction)
+    again = config_from_dict(cfg.model_dump())  # the saved, resolved config reloads to the same paths
+    assert (again.optim.packing, again.rollout.compaction) == (packing, compaction)
