@@ -78,6 +78,22 @@ def batch_divisor(mesh: Mesh) -> int:
     return mesh.shape["data"] * mesh.shape["fsdp"]
 
 
+def per_batch_shard(fn, *arrays: jax.Array):
+    """`fn(*arrays)` run on each batch device's rows (dim 0 of every array and every output) through
+    `shard_map` when the active mesh splits the batch and the rows divide evenly; directly otherwise.
+
+    For row-wise work that XLA's partitioner does not split along the batch: it computes `lax.top_k`
+    by gathering every row onto every device (in a rollout, every row's logits at every step). `fn`
+    must treat rows independently; its inputs are replicated over the other mesh axes."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not all(a in mesh.axis_names for a in BATCH_AXES):
+        return fn(*arrays)
+    ways = math.prod(mesh.shape[a] for a in BATCH_AXES)
+    if ways == 1 or any(x.shape[0] % ways for x in arrays):
+        return fn(*arrays)
+    return jax.shard_map(fn, in_specs=P(BATCH_AXES), out_specs=P(BATCH_AXES), check_vma=False)(*arrays)
+
+
 def _in_multiprocess_cluster() -> bool:
     env = os.environ
     if env.get("JAX_COORDINATOR_ADDRESS") or env.get("MEGASCALE_COORDINATOR_ADDRESS"):

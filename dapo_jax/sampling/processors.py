@@ -16,6 +16,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from dapo_jax.parallel.mesh import per_batch_shard
 from dapo_jax.sampling.config import SamplingConfig
 
 _NEG_INF = -jnp.inf
@@ -220,11 +221,16 @@ def draw_tokens(
     z = logits.astype(jnp.float32) / config.logprob_temperature
     shifted = z - jnp.max(z, axis=-1, keepdims=True)
     if config.truncates:
-        logp = shifted - jnp.log(jnp.sum(jnp.exp(shifted), axis=-1, keepdims=True))
-        keep = truncation_mask(logp, top_k=config.top_k, top_p=config.top_p)
-        q = jax.nn.log_softmax(jnp.where(keep, logp, _NEG_INF), axis=-1)
-        tokens = _inverse_cdf(uniform, jnp.exp(q))
-        return tokens, _pick(logp, tokens), _pick(q, tokens)
+        def truncated(uniform, shifted):
+            logp = shifted - jnp.log(jnp.sum(jnp.exp(shifted), axis=-1, keepdims=True))
+            keep = truncation_mask(logp, top_k=config.top_k, top_p=config.top_p)
+            q = jax.nn.log_softmax(jnp.where(keep, logp, _NEG_INF), axis=-1)
+            tokens = _inverse_cdf(uniform, jnp.exp(q))
+            return tokens, _pick(logp, tokens), _pick(q, tokens)
+
+        # on each batch device's own rows: `lax.top_k` over a batch split across devices would
+        # otherwise gather every row's logits onto every device at every step
+        return per_batch_shard(truncated, uniform, shifted)
     weights = jnp.exp(shifted)
     tokens = _inverse_cdf(uniform, weights)
     picked = _pick(shifted, tokens) - jnp.log(jnp.sum(weights, axis=-1))

@@ -10,7 +10,8 @@
    t, until every row has emitted an EOS or T tokens exist. The response slots come in up to
    `_MAX_BLOCKS` blocks, one `while_loop` each, so early steps do not attend over empty slots.
    All uniforms are drawn before the loops. With `config.compaction`, the unfinished rows move to
-   a batch of half the size once at most half are left (`compaction.py`), and later stages use one
+   a batch of half the size once at most half are left, on each batch device (`compaction.py`: a row
+   never moves to another device), and later stages use one
    block of all `T - 1` slots (one more `while_loop` per stage).
 3. After a row's EOS it emits `pad_token_id` with mask 0 and log-probs 0.
 4. Each step also records the entropy of the distribution it draws from, at the sampling
@@ -34,7 +35,8 @@ from jax.sharding import PartitionSpec
 from dapo_jax.models.decoder import Decoder, KVCache, positions_from_mask
 from dapo_jax.parallel.mesh import BATCH_AXES
 from dapo_jax.sampling.compaction import (
-    batch_ways, gather_prompt_cache, gather_response_cache, live_first, stage_sizes,
+    batch_ways, gather_prompt_cache, gather_response_cache, live_first, live_per_group, put_rows, stage_sizes,
+    take_rows,
 )
 from dapo_jax.sampling.config import SamplingConfig
 from dapo_jax.sampling.decode import (
@@ -157,6 +159,7 @@ def rollout_with_steps(
     # small loop of its own); greedy draws none. Row b always reads row b's uniforms, wherever
     # compaction moves it.
     uniforms = None if config.is_greedy else shard_batch(jax.random.uniform(key, (b, t_max), jnp.float32))
+    ways = batch_ways()  # compaction keeps every row on its device (compaction.py)
     stage = _Stage(jnp.arange(b, dtype=jnp.int32), prompt_cache, shard_batch(n_prompt), uniforms)
 
     def draw(carry: _Carry, stage: _Stage) -> _Carry:
@@ -177,10 +180,11 @@ def rollout_with_steps(
 
     def fill_block(carry: _Carry, stage: _Stage, j: int, start: int, size: int, keep_going_above: int) -> _Carry:
         """Steps t = start+1 .. start+size: feeds token t-1 into block j's slot t-1-start, draws
-        token t; stops early once at most `keep_going_above` rows are unfinished."""
+        token t; stops early once no group of rows (one per batch device) has more than
+        `keep_going_above / ways` unfinished rows."""
 
         def cond(carry: _Carry) -> jax.Array:
-            return (carry.t <= start + size) & (jnp.sum(~carry.done) > keep_going_above)
+            return (carry.t <= start + size) & (live_per_group(carry.done, ways) > keep_going_above // ways)
 
         def body(carry: _Carry) -> _Carry:
             prev = jax.lax.dynamic_slice_in_dim(carry.tokens, carry.t - 1, 1, axis=1)[:, 0]  # [B_s]
@@ -195,18 +199,19 @@ def rollout_with_steps(
         return jax.lax.while_loop(cond, body, carry)
 
     def compact(carry: _Carry, stage: _Stage, size: int) -> tuple[_Carry, _Stage]:
-        """The `size` rows to go on with (every unfinished one): a gathered copy of their state."""
-        order = live_first(carry.done, size)
-        rows = jnp.take(stage.rows, order)
-        take = lambda x: shard_batch(jnp.take(x, order, axis=0))
+        """The `size` rows to go on with (every unfinished one): a gathered copy of their state, each
+        group of rows (one per batch device) compacted within itself."""
+        local = live_first(carry.done, size, ways)
+        take = lambda x: shard_batch(take_rows(x, local))
+        rows = take(stage.rows)
         # one block of all T - 1 slots from here on: one decode loop per later stage, not one per block
-        merged = functools.reduce(concat_response_caches, [gather_response_cache(blk, order) for blk in carry.blocks])
+        merged = functools.reduce(concat_response_caches, [gather_response_cache(blk, local) for blk in carry.blocks])
         carry = carry._replace(
             blocks=(shard_cache(merged),),
             **{name: take(getattr(carry, name)) for name in ("logits", *_OUTPUTS)},
         )
         stage = _Stage(
-            rows=shard_batch(rows), prompt=shard_cache(gather_prompt_cache(prompt_cache, rows // g)),
+            rows=rows, prompt=shard_cache(gather_prompt_cache(prompt_cache, rows // g, ways)),
             n_prompt=take(stage.n_prompt), uniforms=None if stage.uniforms is None else take(stage.uniforms),
         )
         return carry, stage
@@ -226,14 +231,14 @@ def rollout_with_steps(
     out = None  # {name: [B, ...]}: every row's outputs, written back at each compaction
     for k, rows in enumerate(stages):
         if k:
-            out = _write_back(out, carry, stage)
+            out = _write_back(out, carry, stage, ways)
             carry, stage = compact(carry, stage, rows)
         next_rows = stages[k + 1] if k + 1 < len(stages) else 0
         start = 0
         for j, n in enumerate(sizes if k == 0 else [t_max - 1]):
             carry = fill_block(carry, stage, j, start, n, next_rows)
             start += n
-    out = _write_back(out, carry, stage)
+    out = _write_back(out, carry, stage, ways)
 
     shape = lambda x: x.reshape(p, g, *x.shape[1:])
     lengths = out["mask"].sum(axis=-1).astype(jnp.int32)
@@ -246,11 +251,14 @@ def rollout_with_steps(
     return rollout, carry.t - 1
 
 
-def _write_back(out: dict | None, carry: _Carry, stage: _Stage) -> dict:
-    """`out` with the stage's rows written to their places (the stage's own arrays at the first stage)."""
+def _write_back(out: dict | None, carry: _Carry, stage: _Stage, ways: int) -> dict:
+    """`out` with the stage's rows written to their places (the stage's own arrays at the first stage);
+    each group's rows go back into its own slice of `out`."""
     if out is None:  # the first stage holds every row, in order
         return {name: getattr(carry, name) for name in _OUTPUTS}
-    return {name: shard_batch(out[name].at[stage.rows].set(getattr(carry, name))) for name in _OUTPUTS}
+    per_group = next(iter(out.values())).shape[0] // ways
+    local = (stage.rows % per_group).reshape(ways, -1)
+    return {name: shard_batch(put_rows(out[name], local, getattr(carry, name))) for name in _OUTPUTS}
 
 
 def make_generate(graphdef: nnx.GraphDef, config: SamplingConfig, num_samples: int, *, with_steps: bool = False):

@@ -116,3 +116,31 @@ def test_committed_places_only_uncommitted_arrays():
     assert out["a"].sharding == loose.sharding  # same device, now for good
     assert out["b"] is placed and out["n"] == 3
     assert mesh_lib.committed(out) is out  # nothing to do: the same tree back
+
+
+def _collectives(compiled_text: str) -> set[str]:
+    import re
+
+    return set(re.findall(r" (all-gather|all-to-all|collective-permute)\(", compiled_text))
+
+
+@pytest.mark.skipif(jax.device_count() < 4, reason="needs the fake CPU devices from tests/conftest.py")
+def test_per_batch_shard_runs_top_k_on_each_devices_rows():
+    """`lax.top_k` over a batch split 4 ways: XLA alone gathers every row onto every device;
+    through `per_batch_shard` nothing crosses devices, and the values are the same."""
+    mesh = make_mesh(data=2, fsdp=2, tensor=1, devices=jax.devices()[:4])
+    x = jax.random.normal(jax.random.key(0), (8, 50))
+    top = lambda a: jax.lax.top_k(a, 5)
+    with jax.set_mesh(mesh):
+        xs = jax.device_put(x, jax.NamedSharding(mesh, P(mesh_lib.BATCH_AXES)))
+        plain = jax.jit(top).lower(xs).compile()
+        shard = jax.jit(lambda a: mesh_lib.per_batch_shard(top, a)).lower(xs).compile()
+        values, index = shard(xs)
+        # rows that do not divide over the batch devices: computed as a whole, the same
+        np.testing.assert_array_equal(jax.jit(lambda a: mesh_lib.per_batch_shard(top, a))(x[:6])[0], top(x[:6])[0])
+    assert "all-gather" in _collectives(plain.as_text())  # what per_batch_shard is for
+    assert _collectives(shard.as_text()) == set()
+    want_v, want_i = top(x)
+    np.testing.assert_array_equal(values, want_v)
+    np.testing.assert_array_equal(index, want_i)
+    assert {s.data.shape for s in values.addressable_shards} == {(2, 5)}

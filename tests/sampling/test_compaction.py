@@ -1,6 +1,7 @@
 """Active-row compaction: the same rollout as the uncompacted sampler (tokens, log-probs, entropies),
 log-probs equal to the trainer's, one compilation per bucket, and the stage rule on a mesh."""
 
+import re
 import warnings
 
 import jax
@@ -12,7 +13,10 @@ from flax import nnx
 from dapo_jax.models.config import ModelConfig
 from dapo_jax.models.decoder import Decoder
 from dapo_jax.sampling import SamplingConfig, SamplingConfigError, make_generate, pad_to_bucket
-from dapo_jax.sampling.compaction import MAX_STAGES, stage_sizes
+from dapo_jax.sampling.compaction import (
+    MAX_STAGES, gather_prompt_cache, live_first, live_per_group, put_rows, stage_sizes, take_rows,
+)
+from dapo_jax.sampling.decode import PromptCache
 
 T = 12
 # ids 3..13 end a response: with this model some rows stop at their first token, most within a few,
@@ -145,6 +149,10 @@ def test_compaction_on_a_mesh_keeps_stages_divisible_by_the_batch_devices(ragged
         # stages 24, 12, 6 (3 rows would not split over 2 devices)
         assert n_while_loops(packed, state, ids, mask, ragged["key"]) == n_while_loops(
             ragged["plain"], ragged["state"], ragged["ids"], ragged["mask"], ragged["key"]) + 2
+        # no row moves to the other device: a gather over the whole batch would all-gather every
+        # row's caches onto both devices (and top-k every row's logits, every step)
+        compiled = packed.lower(state, ids, mask, ragged["key"]).compile().as_text()
+        assert not re.findall(r" (all-gather|all-to-all|collective-permute)\(", compiled)
     assert {s.data.shape[0] for s in out.response_ids.addressable_shards} == {3}  # [P=6, G, T] over 2 devices
     assert_same_rollout(ragged["ref"][0], out)
 
@@ -169,3 +177,36 @@ def test_greedy_chain_with_known_lengths():
     np.testing.assert_array_equal(np.asarray(out.lengths)[:, 0], [1, 1, 8, 5, 8, 2, 8, 7])
     np.testing.assert_array_equal(np.asarray(out.truncated)[:, 0], [False, False, True, False, True, False, True, False])
     assert (np.asarray(out.logprobs)[np.asarray(out.response_mask) == 0] == 0).all()
+
+
+def test_each_group_compacts_within_itself():
+    """Against NumPy: the kept rows per group (live first, in row order), the gathers and the write-back."""
+    done = np.array([1, 0, 1, 0, 0, 1, 1, 1, 0, 1, 1, 1], bool)  # 3 groups of 4: live 2, 1, 1
+    local = np.asarray(live_first(jnp.asarray(done), 6, ways=3))
+    np.testing.assert_array_equal(local, [[1, 3], [0, 1], [0, 1]])  # group 1: its live row 4, then row 5
+    assert int(live_per_group(jnp.asarray(done), 3)) == 2 and int(live_per_group(jnp.asarray(done))) == 4
+    np.testing.assert_array_equal(live_first(jnp.asarray(done), 4), [[1, 3, 4, 8]])  # one group: global
+    x = np.arange(12 * 3).reshape(12, 3)
+    rows = np.array([1, 3, 4, 5, 8, 9])  # the global rows `local` names
+    np.testing.assert_array_equal(take_rows(jnp.asarray(x), jnp.asarray(local)), x[rows])
+    out = np.zeros_like(x)
+    want = out.copy()
+    want[rows] = x[rows] + 100
+    np.testing.assert_array_equal(put_rows(jnp.asarray(out), jnp.asarray(local), jnp.asarray(x[rows] + 100)), want)
+
+
+@pytest.mark.parametrize("ways", [1, 2, 3])
+def test_prompt_cache_gather_by_group(ways):
+    """Entry i is prompt `index[i]`, whether the prompts split over the groups (a gather within each) or not."""
+    prompts, g = 6, 2
+    cache = PromptCache(k=(jnp.arange(prompts * 5.0).reshape(prompts, 5),), v=(-jnp.arange(prompts * 5.0).reshape(prompts, 5),),
+                        lengths=jnp.arange(prompts, dtype=jnp.int32) + 1)
+    rows = np.array([0, 1, 5, 7, 9, 11]) if ways != 1 else np.array([11, 0, 3, 6, 2, 8])
+    if ways == 3:
+        rows = np.array([0, 3, 5, 6, 8, 11])  # two per group of four rows
+    got = gather_prompt_cache(cache, jnp.asarray(rows // g), ways)
+    np.testing.assert_array_equal(got.k[0], np.asarray(cache.k[0])[rows // g])
+    np.testing.assert_array_equal(got.v[0], np.asarray(cache.v[0])[rows // g])
+    np.testing.assert_array_equal(got.lengths, rows // g + 1)
+    odd = PromptCache(k=(cache.k[0][:5],), v=(cache.v[0][:5],), lengths=cache.lengths[:5])  # 5 prompts, 2 ways
+    np.testing.assert_array_equal(gather_prompt_cache(odd, jnp.asarray([4, 0]), 2).lengths, [5, 1])
