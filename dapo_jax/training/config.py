@@ -116,7 +116,8 @@ class RolloutSection(_Section):
     top_k: int = Field(default=0, ge=0)  # 0 = off
     max_new_tokens: int = Field(default=16, gt=0)  # the response budget L_max in tokens (EOS included)
     # Active-row compaction (dapo_jax/sampling/compaction.py): once at most half the rows are still
-    # decoding, go on with a batch of half the size (down to compaction_min_rows); same rollout.
+    # decoding (on each batch device: rows never change device), go on with a batch of half the size
+    # (down to compaction_min_rows); same rollout.
     # None = on unless rollout.continuous (its alternative) or gen_batch x G cannot halve to compaction_min_rows
     compaction: bool | None = None
     compaction_min_rows: int = Field(default=8, ge=1)  # the smallest batch compaction goes down to
