@@ -21,9 +21,7 @@ rollout runs during the update, on a copy of the parameters ("update + overlappe
 A model of more than three layers whose programs run their layers as a scan is compiled at 2 and 3 layers
 and extrapolated per layer (`plan_compile.extrapolate`: exact for a scan; `--exact` compiles the whole
 model); on a TPU, a program the line gives under `SMALL` temporaries at the full depth is compiled whole
-(at 2 or 3 layers it may keep buffers in on-chip VMEM, which memory_analysis leaves out). The sampler's
-programs unroll their layers, so theirs is no line (the peak can move to another point of the program as
-layers are added): they are always compiled at the full depth. A program the
+(at 2 or 3 layers it may keep buffers in on-chip VMEM, which memory_analysis leaves out). A program the
 TPU compiler refuses for lack of memory gives its "required" bytes as temporaries.
 The capacity is the slice's usable HBM per device (`slices.py`), `--device-memory`, the device's own
 `memory_stats()`, or on a CPU the host's RAM shared by the mesh's devices.
@@ -229,18 +227,12 @@ def make_plan(cfg: RunConfig, *, topology: str | None = None, device_memory_gib:
     with jax.set_mesh(mesh):
         full = build_world(cfg, model_cfg, mesh)
         pending, jobs_of = [], {}
-        # the sampler's programs unroll their layers: their memory is no line in the depth (docs/long_context.md
-        # has a 7B rollout 41% above the line at 8 layers), and a whole one compiles in about the time of the
-        # two short ones, so they are compiled at the full depth only
-        depths = compile_at if layers in compile_at else (layers, *compile_at)
-        for count in depths:  # lowering traces under the mesh, here; compiling runs on `jobs` threads
+        for count in compile_at:  # lowering traces under the mesh, here; compiling runs on `jobs` threads
             world = full if count == layers else build_world(cfg, model_cfg.replace(num_hidden_layers=count), mesh)
             for job in world.jobs():
                 if only is not None and not job.name.startswith(only):
                     continue
                 if not job.layered and job.name in jobs_of:  # the same program at every policy depth: once
-                    continue
-                if (job.unrolled and count != layers) or (count not in compile_at and not job.unrolled):
                     continue
                 jobs_of[job.name] = job
                 pending.append((job.name, count, lower_for(job.lower, target=key, args=(job.args, job.kwargs),
@@ -291,9 +283,8 @@ def make_plan(cfg: RunConfig, *, topology: str | None = None, device_memory_gib:
                 capacity, capacity_source, versions, slice_name=tpu_slice.name if tpu_slice else None)
     if len(compile_at) > 1:
         plan.notes.append(f"programs compiled at {compile_at[0]} and {compile_at[1]} layers are extrapolated to {layers} "
-                          f"(the layers' buffers grow by the same bytes per layer); the sampler's (its layers unrolled) and, "
-                          f"on a TPU, those the line gives under {SMALL >> 20} MiB of temporaries are compiled whole; "
-                          f"--exact compiles all {layers} layers")
+                          f"(the layers' buffers grow by the same bytes per layer); on a TPU, those the line gives under "
+                          f"{SMALL >> 20} MiB of temporaries are compiled whole; --exact compiles all {layers} layers")
     if estimate is not None:
         from dapo_jax.training.estimate import step_time
 

@@ -43,8 +43,6 @@ class Job:
     attention: str = ""
     shape: str = ""  # what it computes on, in words
     layered: bool = True  # False: it does not depend on the policy's depth (compiled once, at full size)
-    # True: its layers are unrolled (the sampler's), so its memory is no line in the depth: compiled whole
-    unrolled: bool = False
 
     def lower(self):
         return self.fn.lower(*self.args, **self.kwargs)
@@ -161,7 +159,7 @@ class World:
         if p.continuous is None:
             prompts = (self.batched((r.gen_batch, s), jnp.int32), self.batched((r.gen_batch, s), jnp.int32))
             jobs.append(Job("rollout", "rollout", p.generate, (sampler, *prompts, key), resident=sampler_resident,
-                            attention=prefill, unrolled=True,
+                            attention=prefill,
                             shape=f"{r.gen_batch} prompts x {r.G} samples, S {s}, T {t}{compacted}"))
         else:
             jobs += self._continuous_jobs(sampler, sampler_resident, key, prefill)
@@ -175,7 +173,7 @@ class World:
             k = cfg.train.eval_k
             prompts = (self.batched((r.gen_batch, s), jnp.int32), self.batched((r.gen_batch, s), jnp.int32))
             jobs.append(Job("eval rollout", "eval rollout", p.generate_eval, (sampler, *prompts, key),
-                            resident=sampler_resident, attention=prefill, unrolled=True,
+                            resident=sampler_resident, attention=prefill,
                             shape=f"{r.gen_batch} prompts x {k} samples, S {s}, T {t}{compacted}"))
         prepare_args, prepare_kwargs = self._prepare_inputs()
         resident = (prepare_args[0], prepare_args[1], prepare_kwargs.get("critic_params"))
@@ -280,9 +278,9 @@ class World:
         words = f"{cfg.rollout.gen_batch} x {g} row slots, S {cont.width}, T {cfg.rollout.max_new_tokens}"
         return [
             Job("rollout: admit", "rollout", cont._admit, (sampler, slots, rows, ids, ids, key, serials),
-                resident=sampler_resident, attention=prefill, unrolled=True, shape=f"{k} prompts into {words}"),
+                resident=sampler_resident, attention=prefill, shape=f"{k} prompts into {words}"),
             Job("rollout: decode", "rollout", cont._decode, (sampler, slots, want), resident=sampler_resident,
-                attention=prefill, unrolled=True, shape=f"continuous decode of {words}"),
+                attention=prefill, shape=f"continuous decode of {words}"),
         ]
 
 

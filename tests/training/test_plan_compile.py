@@ -133,19 +133,3 @@ def test_only_programs_small_at_full_depth_are_compiled_whole():
     assert not compile_whole(figs(0.293, 0.296), 24, platform="cpu")
     assert not compile_whole(figs(0.1, 0.1, refused="RESOURCE_EXHAUSTED"), 24, platform="tpu")
     assert not compile_whole({2: figs(0.1, 0.1)[2]}, 24, platform="tpu")
-
-
-def test_the_samplers_programs_are_compiled_at_the_full_depth(tmp_path):
-    """Their layers are unrolled, so their memory is no line in the depth: an 8-layer model's rollout is
-    compiled whole while its update is compiled at 2 and 3 layers and extrapolated."""
-    from dapo_jax.training.config import load_config
-    from dapo_jax.training.plan import make_plan
-
-    cfg = load_config("tiny_dapo", ["data.eval=null", "optim.packing=false"])
-    said = []
-    plan = make_plan(cfg, model_config=_deeper_tiny(tmp_path, 8), only=("rollout", "update"), cache=False,
-                     log=said.append)
-    layers = {p.name: p.layers for p in plan.programs}
-    assert layers == {"rollout": (8,), "update": (2, 3)}, layers
-    assert [s for s in said if s.startswith("compiling rollout")] == [f"compiling rollout (8 layers) for {plan.target} ..."]
-    assert "the sampler's (its layers unrolled)" in plan.notes[0]
