@@ -133,3 +133,18 @@ def test_only_programs_small_at_full_depth_are_compiled_whole():
     assert not compile_whole(figs(0.293, 0.296), 24, platform="cpu")
     assert not compile_whole(figs(0.1, 0.1, refused="RESOURCE_EXHAUSTED"), 24, platform="tpu")
     assert not compile_whole({2: figs(0.1, 0.1)[2]}, 24, platform="tpu")
+
+
+def test_an_extrapolated_rollout_says_its_line_is_approximate(tmp_path):
+    """The sampler unrolls its layers: an 8-layer model's rollout, compiled at 2 and 3 layers, comes with the
+    measured bounds of its line and the way to exact figures; an exact plan has no such note."""
+    from dapo_jax.training.config import load_config
+    from dapo_jax.training.plan import make_plan
+
+    cfg = load_config("tiny_dapo", ["data.eval=null"])
+    kw = dict(model_config=_deeper_tiny(tmp_path, 8), only=("rollout",), cache=tmp_path / "cache")
+    line = make_plan(cfg, **kw)
+    assert [p.layers for p in line.programs] == [(2, 3)]
+    assert any("unrolled" in n and "--exact" in n for n in line.notes), line.notes
+    whole = make_plan(cfg, exact=True, **kw)
+    assert [p.layers for p in whole.programs] == [(8,)] and not any("unrolled" in n for n in whole.notes)
