@@ -288,7 +288,7 @@ def make_plan(cfg: RunConfig, *, topology: str | None = None, device_memory_gib:
                           f"{SMALL >> 20} MiB of temporaries are compiled whole; --exact compiles all {layers} layers")
     if any(p.extrapolated and p.phase in SAMPLER_PHASES for p in programs):
         plan.notes.append("the rollouts' layers are unrolled, so their line is approximate: against whole compiles it "
-                          "was measured 4.5% high to 41% low (docs/long_context.md); --exact gives their exact figures")
+                          "was measured from 41% low to 28% high (docs/long_context.md); --exact gives their exact figures")
     if estimate is not None:
         from dapo_jax.training.estimate import step_time
 

@@ -18,9 +18,10 @@ grows by the same bytes per layer, and the scan body's own temporaries are alloc
 So each figure is `a + b L`: two compiles (2 and 3 layers) give a and b. The unrolled programs
 (the sampler's prefill and decode, which carry a KV cache per layer) follow no line by construction:
 the compiler's peak can move to another point of the program as layers are added. Against whole
-compiles for v5p-32 (docs/long_context.md), a Qwen2.5-7B rollout's line was 4.5% high at 28 layers and
+compiles (docs/long_context.md), a Qwen2.5-7B rollout's line on v5p-32 was 4.5% high at 28 layers and
 20,480 tokens, and 41% low at 8 layers and 2,048 tokens, where buffers that do not grow with the layers
-set the peak at 2 and 3. Compiling them whole is `--exact`; by default it is not, because at 64 layers
+set the peak at 2 and 3; Qwen2.5-0.5B's on v5e-8 at 20,480 tokens was 8.7% low (rollout) and 28% high
+(evaluation rollout). Compiling them whole is `--exact`; by default it is not, because at 64 layers
 (DAPO's 32B recipe) two such compiles at once outgrew a 24 GiB machine.
 """
 
