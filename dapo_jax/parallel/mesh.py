@@ -78,6 +78,14 @@ def batch_divisor(mesh: Mesh) -> int:
     return mesh.shape["data"] * mesh.shape["fsdp"]
 
 
+def batch_ways() -> int:
+    """How many ways the batch dimension is split under the active mesh (1 without one)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not all(a in mesh.axis_names for a in BATCH_AXES):
+        return 1
+    return math.prod(mesh.shape[a] for a in BATCH_AXES)
+
+
 def per_batch_shard(fn, *arrays: jax.Array):
     """`fn(*arrays)` run on each batch device's rows (dim 0 of every array and every output) through
     `shard_map` when the active mesh splits the batch and the rows divide evenly; directly otherwise.
@@ -85,10 +93,7 @@ def per_batch_shard(fn, *arrays: jax.Array):
     For row-wise work that XLA's partitioner does not split along the batch: it computes `lax.top_k`
     by gathering every row onto every device (in a rollout, every row's logits at every step). `fn`
     must treat rows independently; its inputs are replicated over the other mesh axes."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or not all(a in mesh.axis_names for a in BATCH_AXES):
-        return fn(*arrays)
-    ways = math.prod(mesh.shape[a] for a in BATCH_AXES)
+    ways = batch_ways()
     if ways == 1 or any(x.shape[0] % ways for x in arrays):
         return fn(*arrays)
     return jax.shard_map(fn, in_specs=P(BATCH_AXES), out_specs=P(BATCH_AXES), check_vma=False)(*arrays)

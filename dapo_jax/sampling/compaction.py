@@ -39,24 +39,12 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from dapo_jax.parallel.mesh import BATCH_AXES
 from dapo_jax.sampling.decode import PromptCache, ResponseCache
 
 # At most this many stages (B, B/2, B/4, B/8): each later stage compiles one more copy of the decode
 # loop (on a CPU each costs about half the first stage's four block loops), and below B/8 a stage
 # saves at most B/16 rows per step.
 MAX_STAGES = 4
-
-
-def batch_ways() -> int:
-    """How many ways the batch dimension is split under the active mesh (1 without one)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or not all(a in mesh.axis_names for a in BATCH_AXES):
-        return 1
-    ways = 1
-    for axis in BATCH_AXES:
-        ways *= mesh.shape[axis]
-    return ways
 
 
 def stage_sizes(rows: int, *, enabled: bool, min_rows: int, ways: int = 1) -> list[int]:

@@ -33,9 +33,9 @@ from flax import nnx
 from jax.sharding import PartitionSpec
 
 from dapo_jax.models.decoder import Decoder, KVCache, positions_from_mask
-from dapo_jax.parallel.mesh import BATCH_AXES
+from dapo_jax.parallel.mesh import BATCH_AXES, batch_ways
 from dapo_jax.sampling.compaction import (
-    batch_ways, gather_prompt_cache, gather_response_cache, live_first, live_per_group, put_rows, stage_sizes,
+    gather_prompt_cache, gather_response_cache, live_first, live_per_group, put_rows, stage_sizes,
     take_rows,
 )
 from dapo_jax.sampling.config import SamplingConfig
@@ -93,10 +93,7 @@ _OUTPUTS = ("tokens", "mask", "logp", "logq", "entropy", "done")
 
 def shard_batch(x: jax.Array) -> jax.Array:
     """Shard dim 0 over ("data", "fsdp") when a mesh with those axes is active and divides it."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or not all(a in mesh.axis_names for a in BATCH_AXES):
-        return x
-    ways = mesh.shape["data"] * mesh.shape["fsdp"]
+    ways = batch_ways()
     if ways == 1 or x.shape[0] % ways:
         return x
     spec = PartitionSpec(BATCH_AXES, *([None] * (x.ndim - 1)))
@@ -227,7 +224,7 @@ def rollout_with_steps(
         entropy=zeros_bt(jnp.float32),
     )
     carry = draw(carry, stage)._replace(t=jnp.ones((), jnp.int32))
-    stages = stage_sizes(b, enabled=config.compaction, min_rows=config.compaction_min_rows, ways=batch_ways())
+    stages = stage_sizes(b, enabled=config.compaction, min_rows=config.compaction_min_rows, ways=ways)
     out = None  # {name: [B, ...]}: every row's outputs, written back at each compaction
     for k, rows in enumerate(stages):
         if k:

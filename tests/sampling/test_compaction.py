@@ -201,9 +201,9 @@ def test_prompt_cache_gather_by_group(ways):
     prompts, g = 6, 2
     cache = PromptCache(k=(jnp.arange(prompts * 5.0).reshape(prompts, 5),), v=(-jnp.arange(prompts * 5.0).reshape(prompts, 5),),
                         lengths=jnp.arange(prompts, dtype=jnp.int32) + 1)
-    rows = np.array([0, 1, 5, 7, 9, 11]) if ways != 1 else np.array([11, 0, 3, 6, 2, 8])
-    if ways == 3:
-        rows = np.array([0, 3, 5, 6, 8, 11])  # two per group of four rows
+    # the rows a stage keeps, each group's in its own slice: any order with one group, 3 of 6 rows per
+    # group with two, 2 of 4 with three
+    rows = {1: np.array([11, 0, 3, 6, 2, 8]), 2: np.array([0, 1, 5, 7, 9, 11]), 3: np.array([0, 3, 5, 6, 8, 11])}[ways]
     got = gather_prompt_cache(cache, jnp.asarray(rows // g), ways)
     np.testing.assert_array_equal(got.k[0], np.asarray(cache.k[0])[rows // g])
     np.testing.assert_array_equal(got.v[0], np.asarray(cache.v[0])[rows // g])
