@@ -56,6 +56,7 @@ class ProgramPlan:
     compile_s: float
     cached: bool
     layers: tuple[int, ...]  # the layer counts it was compiled at
+    bounded_by: str | None = None  # not compiled: its figures are this program's, an upper bound (plan_programs.Job)
 
     @property
     def extrapolated(self) -> bool:
@@ -225,44 +226,54 @@ def make_plan(cfg: RunConfig, *, topology: str | None = None, device_memory_gib:
     key = f"{target} mesh {dict(mesh.shape)} {tpu_slice.topology_kwargs() if tpu_slice else ''} {versions}"
     cache = cache_dir() if cache is True else (cache or None)
 
-    with jax.set_mesh(mesh):
+    line = len(compile_at) > 1
+
+    def run(item):
+        name, count, m = item
+        hit = m.cached() is not None
+        depth = f" ({count} layer{'s' * (count > 1)})" if jobs_of[name].layered else ""
+        if not hit:
+            log(f"compiling {name}{depth} for {target} ...")
+        result = m.run()
+        if not hit:
+            log(f"  {name}{depth}: {result[1]:.1f} s{', refused: does not fit' if result[0].refused else ''}")
+        return name, count, result
+
+    with jax.set_mesh(mesh), ThreadPoolExecutor(max(1, jobs)) as pool:
         full = build_world(cfg, model_cfg, mesh)
-        pending, jobs_of = [], {}
-        for count in compile_at:  # lowering traces under the mesh, here; compiling runs on `jobs` threads
+        futures, jobs_of, bounded, order = [], {}, {}, []
+        # each depth's programs are lowered here (under the mesh), then compile on `jobs` threads while the next
+        # depth's are lowered: an error in lowering comes before any compilation starts
+        for count in compile_at:
             world = full if count == layers else build_world(cfg, model_cfg.replace(num_hidden_layers=count), mesh)
+            lowered = []
             for job in world.jobs():
                 if only is not None and not job.name.startswith(only):
+                    continue
+                if job.name not in order:
+                    order.append(job.name)
+                if line and job.bounded_by in jobs_of:  # a shorter chunk: the taller one's figures bound it
+                    bounded[job.name] = job
                     continue
                 if not job.layered and job.name in jobs_of:  # the same program at every policy depth: once
                     continue
                 jobs_of[job.name] = job
-                pending.append((job.name, count, lower_for(job.lower, target=key, args=(job.args, job.kwargs),
+                lowered.append((job.name, count, lower_for(job.lower, target=key, args=(job.args, job.kwargs),
                                                            resident=job.resident, held=job.held, cache=cache)))
+            futures += [pool.submit(run, item) for item in lowered]
         measured: dict[str, dict[int, tuple]] = {}
-
-        def run(item):
-            name, count, m = item
-            hit = m.cached() is not None
-            depth = f" ({count} layer{'s' * (count > 1)})" if jobs_of[name].layered else ""
-            if not hit:
-                log(f"compiling {name}{depth} for {target} ...")
-            result = m.run()
-            if not hit:
-                log(f"  {name}{depth}: {result[1]:.1f} s{', refused: does not fit' if result[0].refused else ''}")
-            return name, count, result
-
-        with ThreadPoolExecutor(max(1, jobs)) as pool:
-            for name, count, result in pool.map(run, pending):
-                measured.setdefault(name, {})[count] = result
-            platform = mesh.devices.flat[0].platform
-            small = {name for name, by in measured.items() if len(by) > 1 and
-                     compile_whole({n: r[0] for n, r in by.items()}, layers, platform=platform)}
-            again = [j for j in full.jobs() if j.name in small] if small else []
-            pending = [(j.name, layers, lower_for(j.lower, target=key, args=(j.args, j.kwargs), resident=j.resident,
-                                                  held=j.held, cache=cache)) for j in again]
-            whole = {name: result for name, _, result in pool.map(run, pending)}
+        for future in futures:
+            name, count, result = future.result()
+            measured.setdefault(name, {})[count] = result
+        platform = mesh.devices.flat[0].platform
+        small = {name for name, by in measured.items() if len(by) > 1 and
+                 compile_whole({n: r[0] for n, r in by.items()}, layers, platform=platform)}
+        again = [j for j in full.jobs() if j.name in small] if small else []
+        pending = [(j.name, layers, lower_for(j.lower, target=key, args=(j.args, j.kwargs), resident=j.resident,
+                                              held=j.held, cache=cache)) for j in again]
+        whole = {name: result for name, _, result in pool.map(run, pending)}
         resident = full.resident()
-        programs = []
+        plans = {}
         for name, by_layers in measured.items():
             job = jobs_of[name]
             seconds, cached = sum(v[1] for v in by_layers.values()), all(v[2] for v in by_layers.values())
@@ -274,7 +285,12 @@ def make_plan(cfg: RunConfig, *, topology: str | None = None, device_memory_gib:
             else:
                 (l0, (f0, *_)), (l1, (f1, *_)) = sorted(by_layers.items())
                 figures, layers_used = extrapolate(f0, f1, l0, l1, layers), (l0, l1)
-            programs.append(ProgramPlan(name, job.phase, figures, job.attention, job.shape, seconds, cached, layers_used))
+            plans[name] = ProgramPlan(name, job.phase, figures, job.attention, job.shape, seconds, cached, layers_used)
+        for name, job in bounded.items():
+            bound = plans[job.bounded_by]
+            plans[name] = ProgramPlan(name, job.phase, bound.figures, job.attention, job.shape, 0.0, False, bound.layers,
+                                      bounded_by=job.bounded_by)
+        programs = [plans[name] for name in order if name in plans]
         params_copy = shard_bytes_of(full.state.params)
     refusal_hbm = [p.figures.available for p in programs if p.figures.available]
     if refusal_hbm and device_memory_gib is None:
@@ -286,6 +302,10 @@ def make_plan(cfg: RunConfig, *, topology: str | None = None, device_memory_gib:
         plan.notes.append(f"programs compiled at {compile_at[0]} and {compile_at[1]} layers are extrapolated to {layers} "
                           f"(the layers' buffers grow by the same bytes per layer); on a TPU, those the line gives under "
                           f"{SMALL >> 20} MiB of temporaries are compiled whole; --exact compiles all {layers} layers")
+    if bounded:
+        plan.notes.append(f"not compiled: {', '.join(bounded)}, the same program on fewer rows than "
+                          f"{', '.join(sorted({j.bounded_by for j in bounded.values()}))}, whose figures bound it; "
+                          "--exact compiles it")
     if any(p.extrapolated and p.phase in SAMPLER_PHASES for p in programs):
         plan.notes.append("the rollouts' layers are unrolled, so their line is approximate: against whole compiles it "
                           "was measured from 41% low to 28% high (docs/long_context.md); --exact gives their exact figures")

@@ -43,6 +43,9 @@ class Job:
     attention: str = ""
     shape: str = ""  # what it computes on, in words
     layered: bool = True  # False: it does not depend on the policy's depth (compiled once, at full size)
+    # the program it is the same computation as, on fewer rows (a shorter packed chunk): it needs at most that
+    # program's memory, so a plan that extrapolates takes that program's figures instead of compiling it
+    bounded_by: str | None = None
 
     def lower(self):
         return self.fn.lower(*self.args, **self.kwargs)
@@ -252,7 +255,7 @@ class World:
         outs = [jax.tree.map(lambda x: _sds(x, NamedSharding(self.mesh, PartitionSpec())), out)] * n
         resident = (state.params, frozen)
         jobs = [Job("update: select", "update", progs["select"], (batch, idx), held=held,
-                    shape=f"one mini-batch of {pb // n} prompts"),
+                    shape=f"one mini-batch of {pb // n} prompts", layered=False),
                 Job("update: start", "update", progs["start"], (state.params, mini, frozen), resident=resident,
                     held=held, attention=p.attention["update"], shape="the mini-batch's entropy statistics")]
         for h in sorted({rows, *tail_heights(rows, tail)}, reverse=True):
@@ -260,10 +263,11 @@ class World:
             jobs.append(Job(f"update: chunk {h}x{length}", "update", progs["accumulate"],
                             (acc, state.params, mini, c, stats, frozen), resident=resident, held=held,
                             attention=p.attention["update"],
-                            shape=f"a packed chunk of {h} rows x {length} tokens (forward + backward)"))
+                            shape=f"a packed chunk of {h} rows x {length} tokens (forward + backward)",
+                            bounded_by=None if h == rows else f"update: chunk {rows}x{length}"))
         jobs.append(Job("update: apply", "update", progs["apply"], (carry, acc), resident=(carry,), held=held,
                         shape="the AdamW update of one mini-batch"))
-        jobs.append(Job("update: finish", "update", progs["finish"], (outs, state.skipped), held=held,
+        jobs.append(Job("update: finish", "update", progs["finish"], (outs, state.skipped), held=held, layered=False,
                         shape="the step's metrics"))
         return jobs
 

@@ -148,3 +148,26 @@ def test_an_extrapolated_rollout_says_its_line_is_approximate(tmp_path):
     assert any("unrolled" in n and "--exact" in n for n in line.notes), line.notes
     whole = make_plan(cfg, exact=True, **kw)
     assert [p.layers for p in whole.programs] == [(8,)] and not any("unrolled" in n for n in whole.notes)
+
+
+def test_a_shorter_chunk_is_bounded_by_the_taller_one_when_extrapolating(tmp_path):
+    """With a line in the depth, the packed update's tail chunks (the same program on fewer rows) are not compiled:
+    they take the full chunk's figures, and say so. Compiled whole (--exact), each needs no more than that bound."""
+    from dapo_jax.training.config import load_config
+    from dapo_jax.training.plan import make_plan
+    from dapo_jax.training.plan_report import format_plan
+
+    cfg = load_config("tiny_dapo", ["data.eval=null", "optim.packing=true", "optim.packing_rows=8",
+                                   "optim.packing_tail_rows=4"])
+    kw = dict(model_config=_deeper_tiny(tmp_path, 4), only=("update: chunk",), cache=tmp_path / "cache")
+    line, whole = make_plan(cfg, **kw), make_plan(cfg, exact=True, **kw)
+    tall, short = line.programs
+    assert tall.name.startswith("update: chunk 8x") and short.name.startswith("update: chunk 4x")
+    assert tall.layers == (2, 3) and tall.bounded_by is None and tall.compile_s > 0
+    assert short.bounded_by == tall.name and short.compile_s == 0 and short.figures == tall.figures
+    assert any("not compiled" in n and short.name in n and "--exact" in n for n in line.notes), line.notes
+    assert [p.bounded_by for p in whole.programs] == [None, None] and [p.layers for p in whole.programs] == [(4,), (4,)]
+    w_tall, w_short = whole.programs
+    assert 0 < w_short.figures.temporaries < w_tall.figures.temporaries  # the bound holds, and is not an equality
+    assert w_short.figures.added <= w_tall.figures.added
+    assert f"at most {tall.name}'s: not compiled" in format_plan(line)
