@@ -241,12 +241,10 @@ def make_plan(cfg: RunConfig, *, topology: str | None = None, device_memory_gib:
 
     with jax.set_mesh(mesh), ThreadPoolExecutor(max(1, jobs)) as pool:
         full = build_world(cfg, model_cfg, mesh)
-        futures, jobs_of, bounded, order = [], {}, {}, []
-        # each depth's programs are lowered here (under the mesh), then compile on `jobs` threads while the next
-        # depth's are lowered: an error in lowering comes before any compilation starts
+        jobs_of, bounded, order = {}, {}, []
+        lowered = []  # every program is lowered here (under the mesh) before any compiles: a lowering error comes first
         for count in compile_at:
             world = full if count == layers else build_world(cfg, model_cfg.replace(num_hidden_layers=count), mesh)
-            lowered = []
             for job in world.jobs():
                 if only is not None and not job.name.startswith(only):
                     continue
@@ -260,7 +258,7 @@ def make_plan(cfg: RunConfig, *, topology: str | None = None, device_memory_gib:
                 jobs_of[job.name] = job
                 lowered.append((job.name, count, lower_for(job.lower, target=key, args=(job.args, job.kwargs),
                                                            resident=job.resident, held=job.held, cache=cache)))
-            futures += [pool.submit(run, item) for item in lowered]
+        futures = [pool.submit(run, item) for item in lowered]  # on `jobs` threads
         measured: dict[str, dict[int, tuple]] = {}
         for future in futures:
             name, count, result = future.result()
