@@ -258,10 +258,8 @@ def make_plan(cfg: RunConfig, *, topology: str | None = None, device_memory_gib:
                 jobs_of[job.name] = job
                 lowered.append((job.name, count, lower_for(job.lower, target=key, args=(job.args, job.kwargs),
                                                            resident=job.resident, held=job.held, cache=cache)))
-        futures = [pool.submit(run, item) for item in lowered]  # on `jobs` threads
         measured: dict[str, dict[int, tuple]] = {}
-        for future in futures:
-            name, count, result = future.result()
+        for name, count, result in pool.map(run, lowered):  # compiled on `jobs` threads
             measured.setdefault(name, {})[count] = result
         platform = mesh.devices.flat[0].platform
         small = {name for name, by in measured.items() if len(by) > 1 and
