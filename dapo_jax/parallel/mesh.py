@@ -73,9 +73,9 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P(BATCH_AXES))
 
 
-def batch_divisor(mesh: Mesh) -> int:
-    """The number of batch shards: a global batch size must be a multiple of it."""
-    return mesh.shape["data"] * mesh.shape["fsdp"]
+def batch_divisor(mesh) -> int:
+    """The number of batch shards of `mesh` (concrete or abstract): a global batch size must be a multiple of it."""
+    return math.prod(mesh.shape[a] for a in BATCH_AXES)
 
 
 def batch_ways() -> int:
@@ -83,7 +83,7 @@ def batch_ways() -> int:
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or not all(a in mesh.axis_names for a in BATCH_AXES):
         return 1
-    return math.prod(mesh.shape[a] for a in BATCH_AXES)
+    return batch_divisor(mesh)
 
 
 def per_batch_shard(fn, *arrays: jax.Array):

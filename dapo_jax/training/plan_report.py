@@ -85,9 +85,11 @@ def format_plan(plan: Plan, *, title: str = "") -> str:
     lines.append(f"  {'program':<26}{'args':>9}{'outputs':>9}{'donated':>9}{'temps':>9}{'compile':>9}  attention; shape")
     for p in plan.programs:
         f = p.figures
-        when = "-" if p.bounded_by else "cached" if p.cached else f"{p.compile_s:.0f} s"
-        at = f" [at most {p.bounded_by}'s: not compiled]" if p.bounded_by else \
-            f" [compiled at {'+'.join(map(str, p.layers))} layers]" if p.extrapolated else ""
+        when, at = ("cached" if p.cached else f"{p.compile_s:.0f} s"), ""
+        if p.bounded_by:
+            when, at = "-", f" [at most {p.bounded_by}'s: not compiled]"
+        elif p.extrapolated:
+            at = f" [compiled at {'+'.join(map(str, p.layers))} layers]"
         lines.append(f"  {p.name:<26}{val(f.arguments):>9}{val(f.outputs):>9}{val(f.aliased):>9}{val(f.temporaries):>9}"
                      f"{when:>9}  {p.attention + '; ' if p.attention else ''}{p.shape}{at}"
                      + ("  REFUSED" if f.refused else ""))
