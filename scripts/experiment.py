@@ -413,8 +413,13 @@ def pick_rows(rows: list, spec: str | None) -> list | None:
 
 def keep_findings(out: Path, text: str) -> str:
     """`text` with the `## Findings` section of the page already at `out` when that one was written by
-    hand (not the placeholder): a rerun (e.g. --report-only) rewrites the tables and keeps them."""
+    hand (not the placeholder): a rerun (e.g. --report-only) rewrites the tables and keeps them.
+    The section ends at the next `## ` heading: the report ends with it, so any heading after it is not
+    part of it (a page whose findings were written above its tables must not carry them in twice)."""
     previous = out.read_text() if out.exists() else ""
-    if "\n## Findings\n" in previous and "**Placeholder" not in previous.split("\n## Findings\n", 1)[1]:
-        text = text.split("## Findings\n", 1)[0] + "## Findings\n" + previous.split("\n## Findings\n", 1)[1]
-    return text
+    if "\n## Findings\n" not in previous:
+        return text
+    findings = previous.split("\n## Findings\n", 1)[1].split("\n## ", 1)[0].rstrip("\n") + "\n"
+    if "**Placeholder" in findings:
+        return text
+    return text.split("## Findings\n", 1)[0] + "## Findings\n" + findings

@@ -332,6 +332,21 @@ def test_a_rerun_rewrites_tables_and_keeps_hand_written_findings(tmp_path, monke
     assert "| naive GRPO | 0.400 |" in text  # the tables are rewritten
 
 
+def test_findings_followed_by_a_stale_copy_of_the_tables_are_kept_once(tmp_path, monkeypatch):
+    """A page whose hand-written findings are followed by an older report (findings written above its
+    tables, then rerun): the rerun keeps the findings and drops the stale copy, placeholder included."""
+    argv, out, _ = fake_ablation(tmp_path, monkeypatch, seeds=1, rows="grpo")
+    assert ablate.main(argv) == 0
+    report = out.read_text()
+    head = report.split("## Findings\n")[0]
+    out.write_text(head + "## Findings\n\nHand-written.\n\n" + report[report.index("\n## ") + 1:])  # its sections below
+    assert out.read_text().count("## Findings") == 2
+    assert ablate.main([*argv, "--report-only"]) == 0
+    text = out.read_text()
+    assert text.count("## Findings") == 1 and text.endswith("## Findings\n\nHand-written.\n")
+    assert "**Placeholder" not in text
+
+
 # ----------------------------------------------------------------------------- the off-policy regime
 COT = CONFIG_DIR / "cot_dapo.yaml"
 
