@@ -12,6 +12,9 @@ name            steps
                 line ``...+c4=16`` is +1 when its sum equals the true sum of the prompt's terms up to
                 the last label it names (``c``), a ``Total: N`` line when N equals the last such sum,
                 the ``Answer: N`` line when N is the answer; anything else, and every wrong sum, -1.
+                A response without an ``Answer:`` line ends on one more step, -1 at its last character:
+                otherwise a response that stops after one right line has only +1 steps, and GRPO with
+                these rewards learns to stop there (docs/league.md).
 ``synthetic``   the embedded task: every non-blank line, +1 when it is the answer's integer, else -1
                 (its responses are one line: one step, the outcome reward)
 =============== ====================================================================================
@@ -94,6 +97,8 @@ def cot_steps(response: str, prompt: str, answer: str | int) -> Steps:
             last_sum = prefix[k] if k < len(terms) else None
             ok = last_sum is not None and int(m.group("total")) == last_sum
         steps.append((1.0 if ok else -1.0, end))
+    if not any(_ANSWER_LINE.fullmatch(text) for text, _ in _lines(response)):
+        steps.append((-1.0, max(len(response.rstrip()) - 1, 0)))  # no answer: stopping early is a wrong step
     return steps
 
 

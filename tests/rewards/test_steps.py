@@ -37,18 +37,27 @@ def test_reference_trace_every_line_right_and_ends_on_each_lines_last_character(
     # blank lines are not steps; garbage, unknown labels and a Total before any sum are -1
     ("Total: 5\n\na5+b7=12\n  \n12+x4=16\nhello\nAnswer: 19\n", [-1, 1, -1, -1, 1]),
     # cut off before the Answer line, then text after an Answer line
-    ("a5+b7=12\n12+c4=16\n16+d", [1, 1, -1]),
+    ("a5+b7=12\n12+c4=16\n16+d", [1, 1, -1, -1]),  # + the missing answer
     ("a5+b7=12\n12+c4=16\n16+d3=19\nAnswer: 18\nAnswer: 19", [1, 1, 1, -1, 1]),
-    ("", []),
+    ("", [-1]),  # nothing written: the missing answer only
 ])
 def test_hand_written_traces(text, rewards):
     steps = cot_steps(text, PROMPT, "19")
     assert [r for r, _ in steps] == rewards
-    assert [e for _, e in steps] == line_ends(text)
+    no_answer = [max(len(text.rstrip()) - 1, 0)] if "Answer:" not in text else []
+    assert [e for _, e in steps] == line_ends(text) + no_answer
+
+
+def test_stopping_before_the_answer_ends_on_a_wrong_step():
+    """One right line and EOS must not score only +1 steps: GRPO + process supervision learned to stop
+    there (held-out accuracy 0.00 after 40 steps in the league) before the missing answer counted."""
+    assert cot_steps("a5+b7=12", PROMPT, "19") == [(1.0, 7), (-1.0, 7)]
+    assert cot_steps("a5+b7=12\n12+c4=16\n", PROMPT, "19") == [(1.0, 7), (1.0, 16), (-1.0, 16)]
+    assert cot_steps("a5+b7=12\nAnswer: 18", PROMPT, "19") == [(1.0, 7), (-1.0, 18)]  # answered (wrongly): no extra step
 
 
 def test_prompt_inside_a_template_and_a_prompt_without_a_problem():
-    assert cot_steps("a5+b7=12", "Solve:\na5+b7+c4+d3=\n", "19") == [(1.0, 7)]
+    assert cot_steps("a5+b7=12", "Solve:\na5+b7+c4+d3=\n", "19") == [(1.0, 7), (-1.0, 7)]
     with pytest.raises(ValueError, match="no cot problem"):
         cot_steps("a5+b7=12", "what is 5+7?", "12")
 
@@ -64,9 +73,9 @@ def test_token_ends_with_multi_character_pieces():
     # pieces: "a5+", "b7", "=12\n", "12", "+c4=1", "7", "" (EOS), then padding
     pieces = [["a5+", "b7", "=12\n", "12", "+c4=1", "7", ""]]
     rewards, ends, mask = step_arrays(cot_steps, pieces, ["a5+b7+c4="], ["16"], max_steps=4)
-    np.testing.assert_array_equal(rewards, [[1, -1, 0, 0]])
-    np.testing.assert_array_equal(ends, [[2, 5, 0, 0]])  # "=12\n" holds line 1's last char; "7" line 2's
-    np.testing.assert_array_equal(mask, [[1, 1, 0, 0]])
+    np.testing.assert_array_equal(rewards, [[1, -1, -1, 0]])  # the third: no Answer line
+    np.testing.assert_array_equal(ends, [[2, 5, 5, 0]])  # "=12\n" holds line 1's last char; "7" line 2's (and the end's)
+    np.testing.assert_array_equal(mask, [[1, 1, 1, 0]])
     _, _, mask = step_arrays(cot_steps, pieces, ["a5+b7+c4="], ["16"], max_steps=1)  # surplus steps dropped
     np.testing.assert_array_equal(mask, [[1]])
 
