@@ -12,9 +12,10 @@ name            steps
                 line ``...+c4=16`` is +1 when its sum equals the true sum of the prompt's terms up to
                 the last label it names (``c``), a ``Total: N`` line when N equals the last such sum,
                 the ``Answer: N`` line when N is the answer; anything else, and every wrong sum, -1.
-                A response without an ``Answer:`` line ends on one more step, -1 at its last character:
-                otherwise a response that stops after one right line has only +1 steps, and GRPO with
-                these rewards learns to stop there (docs/league.md).
+                A response that stops early ends on one more -1 step (at its last character) for each
+                line the solution still needed: each running sum up to the last label, and the
+                ``Answer:`` line. Without them, stopping after a few right lines scores better than
+                going on and slipping, and GRPO with these rewards learns to stop (docs/league.md).
 ``synthetic``   the embedded task: every non-blank line, +1 when it is the answer's integer, else -1
                 (its responses are one line: one step, the outcome reward)
 =============== ====================================================================================
@@ -86,20 +87,23 @@ def cot_steps(response: str, prompt: str, answer: str | int) -> Steps:
     prefix = np.cumsum(terms).tolist()  # prefix[k] = the true running sum through label LABELS[k]
     steps: Steps = []
     last_sum = None  # the true sum of the last running-sum line
+    reached, answered = 0, False  # the furthest label a running-sum line named (a sum line covers b on)
     for text, end in _lines(response):
         ok = False
         if m := _ANSWER_LINE.fullmatch(text):
-            ok = int(m.group(1)) == int(answer)
+            ok, answered = int(m.group(1)) == int(answer), True
         elif m := _TOTAL_LINE.fullmatch(text):
             ok = last_sum is not None and int(m.group(1)) == last_sum
         elif (m := _SUM_LINE.fullmatch(text)) and (labels := _LABEL.findall(m.group("lhs"))):
             k = cot.LABELS.index(labels[-1])
+            reached = max(reached, k) if k < len(terms) else reached
             last_sum = prefix[k] if k < len(terms) else None
             ok = last_sum is not None and int(m.group("total")) == last_sum
         steps.append((1.0 if ok else -1.0, end))
-    if not any(_ANSWER_LINE.fullmatch(text) for text, _ in _lines(response)):
-        steps.append((-1.0, max(len(response.rstrip()) - 1, 0)))  # no answer: stopping early is a wrong step
-    return steps
+    # the steps the solution still needed are wrong steps at the response's end: stopping is never
+    # better than writing them wrong
+    missing = (len(terms) - 1 - reached) + (not answered)
+    return steps + [(-1.0, max(len(response.rstrip()) - 1, 0))] * missing
 
 
 def synthetic_steps(response: str, prompt: str, answer: str | int) -> Steps:

@@ -26,38 +26,45 @@ def test_reference_trace_every_line_right_and_ends_on_each_lines_last_character(
     assert cot_steps(text, PROMPT, "19") == [(1.0, 7), (1.0, 16), (1.0, 25), (1.0, 36)]
 
 
-@pytest.mark.parametrize("text, rewards", [
+@pytest.mark.parametrize("text, rewards, missing", [
     # a slip carried on: every running sum from the slip on is wrong, and so is the answer
-    ("a5+b7=12\n12+c4=17\n17+d3=20\nAnswer: 20", [1, -1, -1, -1]),
+    ("a5+b7=12\n12+c4=17\n17+d3=20\nAnswer: 20", [1, -1, -1, -1], 0),
     # a slip corrected on the next line: judged against the truth, each line on its own
-    ("a5+b7=12\n12+c4=17\n16+d3=19\nAnswer: 19", [1, -1, 1, 1]),
-    # terse (two terms a line) and verbose (Total lines restate the last running sum)
-    ("a5+b7+c4=16\n16+d3=19\nAnswer: 19", [1, 1, 1]),
-    ("a5+b7=12\nTotal: 12\n12+c4=16\nTotal: 15\nAnswer: 19", [1, 1, 1, -1, 1]),
-    # blank lines are not steps; garbage, unknown labels and a Total before any sum are -1
-    ("Total: 5\n\na5+b7=12\n  \n12+x4=16\nhello\nAnswer: 19\n", [-1, 1, -1, -1, 1]),
-    # cut off before the Answer line, then text after an Answer line
-    ("a5+b7=12\n12+c4=16\n16+d", [1, 1, -1, -1]),  # + the missing answer
-    ("a5+b7=12\n12+c4=16\n16+d3=19\nAnswer: 18\nAnswer: 19", [1, 1, 1, -1, 1]),
-    ("", [-1]),  # nothing written: the missing answer only
+    ("a5+b7=12\n12+c4=17\n16+d3=19\nAnswer: 19", [1, -1, 1, 1], 0),
+    # terse (two terms a line) and verbose (Total lines restate the last running sum; d's sum is missing)
+    ("a5+b7+c4=16\n16+d3=19\nAnswer: 19", [1, 1, 1], 0),
+    ("a5+b7=12\nTotal: 12\n12+c4=16\nTotal: 15\nAnswer: 19", [1, 1, 1, -1, 1], 1),
+    # blank lines are not steps; garbage, unknown labels and a Total before any sum are -1, and a label
+    # past the last term does not count as reaching it (c's and d's sums are missing)
+    ("Total: 5\n\na5+b7=12\n  \n12+x4=16\nhello\nAnswer: 19\n", [-1, 1, -1, -1, 1], 2),
+    # cut off before the Answer line (d's sum and the answer missing), then text after an Answer line
+    ("a5+b7=12\n12+c4=16\n16+d", [1, 1, -1], 2),
+    ("a5+b7=12\n12+c4=16\n16+d3=19\nAnswer: 18\nAnswer: 19", [1, 1, 1, -1, 1], 0),
+    ("", [], 4),  # nothing written: three running sums and the answer missing
 ])
-def test_hand_written_traces(text, rewards):
+def test_hand_written_traces(text, rewards, missing):
+    """Each line is a step ending on its last character; each line the solution still needed is one
+    more -1 step at the response's last character."""
     steps = cot_steps(text, PROMPT, "19")
-    assert [r for r, _ in steps] == rewards
-    no_answer = [max(len(text.rstrip()) - 1, 0)] if "Answer:" not in text else []
-    assert [e for _, e in steps] == line_ends(text) + no_answer
+    assert [r for r, _ in steps] == rewards + [-1] * missing
+    assert [e for _, e in steps] == line_ends(text) + [max(len(text.rstrip()) - 1, 0)] * missing
 
 
-def test_stopping_before_the_answer_ends_on_a_wrong_step():
-    """One right line and EOS must not score only +1 steps: GRPO + process supervision learned to stop
-    there (held-out accuracy 0.00 after 40 steps in the league) before the missing answer counted."""
-    assert cot_steps("a5+b7=12", PROMPT, "19") == [(1.0, 7), (-1.0, 7)]
-    assert cot_steps("a5+b7=12\n12+c4=16\n", PROMPT, "19") == [(1.0, 7), (1.0, 16), (-1.0, 16)]
-    assert cot_steps("a5+b7=12\nAnswer: 18", PROMPT, "19") == [(1.0, 7), (-1.0, 18)]  # answered (wrongly): no extra step
+def test_stopping_early_is_never_better_than_going_on_wrong():
+    """With +1 per right line and nothing for what was not written, GRPO + process supervision learned to
+    write one right line and stop (held-out accuracy 0.21 -> 0.00 in the league); with only the missing
+    answer counted, to stop after a few. Every line the solution still needed now counts -1."""
+    assert cot_steps("a5+b7=12", PROMPT, "19") == [(1.0, 7), (-1.0, 7), (-1.0, 7), (-1.0, 7)]
+    stop = sum(r for r, _ in cot_steps("a5+b7=12\n12+c4=16", PROMPT, "19"))
+    slip = sum(r for r, _ in cot_steps("a5+b7=12\n12+c4=16\n16+d3=20\nAnswer: 20", PROMPT, "19"))
+    right = sum(r for r, _ in cot_steps(cot.solution(PROMPT), PROMPT, "19"))
+    assert stop == slip == 0 and right == 4
+    # a right answer that skips the lines is still missing them
+    assert cot_steps("Answer: 19", PROMPT, "19") == [(1.0, 9), (-1.0, 9), (-1.0, 9), (-1.0, 9)]
 
 
 def test_prompt_inside_a_template_and_a_prompt_without_a_problem():
-    assert cot_steps("a5+b7=12", "Solve:\na5+b7+c4+d3=\n", "19") == [(1.0, 7), (-1.0, 7)]
+    assert cot_steps("a5+b7=12", "Solve:\na5+b7+c4+d3=\n", "19") == [(1.0, 7)] + [(-1.0, 7)] * 3
     with pytest.raises(ValueError, match="no cot problem"):
         cot_steps("a5+b7=12", "what is 5+7?", "12")
 
@@ -73,7 +80,7 @@ def test_token_ends_with_multi_character_pieces():
     # pieces: "a5+", "b7", "=12\n", "12", "+c4=1", "7", "" (EOS), then padding
     pieces = [["a5+", "b7", "=12\n", "12", "+c4=1", "7", ""]]
     rewards, ends, mask = step_arrays(cot_steps, pieces, ["a5+b7+c4="], ["16"], max_steps=4)
-    np.testing.assert_array_equal(rewards, [[1, -1, -1, 0]])  # the third: no Answer line
+    np.testing.assert_array_equal(rewards, [[1, -1, -1, 0]])  # the third: the missing answer
     np.testing.assert_array_equal(ends, [[2, 5, 5, 0]])  # "=12\n" holds line 1's last char; "7" line 2's (and the end's)
     np.testing.assert_array_equal(mask, [[1, 1, 1, 0]])
     _, _, mask = step_arrays(cot_steps, pieces, ["a5+b7+c4="], ["16"], max_steps=1)  # surplus steps dropped
