@@ -14,8 +14,9 @@ name            steps
                 the ``Answer: N`` line when N is the answer; anything else, and every wrong sum, -1.
                 A response that stops early ends on one more -1 step (at its last character) for each
                 line the solution still needed: each running sum up to the last label, and the
-                ``Answer:`` line. Without them, stopping after a few right lines scores better than
-                going on and slipping, and GRPO with these rewards learns to stop (docs/league.md).
+                ``Answer:`` line. Without them, stopping after a few right lines would sum to more
+                than going on and slipping. (The process advantage, normalised over the group's steps,
+                can still favour a short response: docs/league.md, GRPO + process supervision.)
 ``synthetic``   the embedded task: every non-blank line, +1 when it is the answer's integer, else -1
                 (its responses are one line: one step, the outcome reward)
 =============== ====================================================================================
@@ -100,8 +101,8 @@ def cot_steps(response: str, prompt: str, answer: str | int) -> Steps:
             last_sum = prefix[k] if k < len(terms) else None
             ok = last_sum is not None and int(m.group("total")) == last_sum
         steps.append((1.0 if ok else -1.0, end))
-    # the steps the solution still needed are wrong steps at the response's end: stopping is never
-    # better than writing them wrong
+    # the steps the solution still needed are wrong steps at the response's end: in the sum of step
+    # rewards, stopping is never better than writing them wrong
     missing = (len(terms) - 1 - reached) + (not answered)
     return steps + [(-1.0, max(len(response.rstrip()) - 1, 0))] * missing
 

@@ -50,10 +50,11 @@ def test_hand_written_traces(text, rewards, missing):
     assert [e for _, e in steps] == line_ends(text) + [max(len(text.rstrip()) - 1, 0)] * missing
 
 
-def test_stopping_early_is_never_better_than_going_on_wrong():
-    """With +1 per right line and nothing for what was not written, GRPO + process supervision learned to
-    write one right line and stop (held-out accuracy 0.21 -> 0.00 in the league); with only the missing
-    answer counted, to stop after a few. Every line the solution still needed now counts -1."""
+def test_stopping_early_never_sums_to_more_than_going_on_wrong():
+    """With +1 per right line and nothing for what was not written, a response that writes one right line
+    and stops has only +1 steps. Every line the solution still needed counts -1, so in the sum of step
+    rewards stopping is no better than a slip (the group-normalised advantage is another matter:
+    docs/league.md)."""
     assert cot_steps("a5+b7=12", PROMPT, "19") == [(1.0, 7), (-1.0, 7), (-1.0, 7), (-1.0, 7)]
     stop = sum(r for r, _ in cot_steps("a5+b7=12\n12+c4=16", PROMPT, "19"))
     slip = sum(r for r, _ in cot_steps("a5+b7=12\n12+c4=16\n16+d3=20\nAnswer: 20", PROMPT, "19"))
