@@ -97,8 +97,9 @@ def cot_steps(response: str, prompt: str, answer: str | int) -> Steps:
             ok = last_sum is not None and int(m.group(1)) == last_sum
         elif (m := _SUM_LINE.fullmatch(text)) and (labels := _LABEL.findall(m.group("lhs"))):
             k = cot.LABELS.index(labels[-1])
-            reached = max(reached, k) if k < len(terms) else reached
-            last_sum = prefix[k] if k < len(terms) else None
+            last_sum = None  # a label past the last term: wrong, and no progress
+            if k < len(terms):
+                reached, last_sum = max(reached, k), prefix[k]
             ok = last_sum is not None and int(m.group("total")) == last_sum
         steps.append((1.0 if ok else -1.0, end))
     # the steps the solution still needed are wrong steps at the response's end: in the sum of step
