@@ -1,7 +1,7 @@
 """Update time packed vs unpacked on the cot_dapo shapes (P=16 prompts x G=8, S=48, T=144, 2 mini-batches)
 with the shipped cot_base model and a synthetic length distribution (prompts 10-45 tokens, responses
 uniform in [18, MAX_LEN]): the same batch through `make_train_step` and `make_packed_train_step` (the
-trainer's default: shared prompts, tails of multiples of R/4; and each response after its own prompt,
+trainer's default: shared prompts, tails of R/2; and each response after its own prompt,
 with half-height tails and with none).
 
     python -m benchmarks.packing [--max-len 100] [--repeats 3] [--rows 32]

@@ -151,7 +151,7 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, ids: MaskIds, *, implementa
 
 
 # --------------------------------------------------------------------------- the reference (the oracle)
-ATTENTION_BLOCK = 16  # smallest query block of the reference; at most MAX_ATTENTION_BLOCKS blocks
+ATTENTION_BLOCK = 64  # smallest query block of the reference; at most MAX_ATTENTION_BLOCKS blocks
 MAX_ATTENTION_BLOCKS = 8
 
 
@@ -159,8 +159,10 @@ def causal_blocks(s: int) -> list[tuple[int, int]]:
     """`[(lo, hi)]`: the S queries in blocks. Every query's keys lie at or before it (the mask is causal
     whatever else it holds), so block `[lo, hi)` attends to keys `[0, hi)` only: with n blocks the
     scores cover (n+1)/2n of the S x S square, the same values (the keys left out are masked ones,
-    whose weight is exactly 0). On the main job's packed chunks (rows of 192: 8 blocks of 24) forward
-    + backward takes a quarter less time than one block (docs/benchmarks.md, "Causal attention blocks")."""
+    whose weight is exactly 0). Each block is its own few kernels to compile: on the main job's packed
+    chunks (rows of 192: 3 blocks of 64, 67% of the square) forward + backward takes a fifth less time
+    than one block, and blocks of 16 (8 of 24, 56%) saved about 5% more per chunk but took the chunk's
+    compilation from 4 s to 11-15 s (docs/benchmarks.md, "Causal attention blocks", "The first minute")."""
     n = max(1, min(MAX_ATTENTION_BLOCKS, s // ATTENTION_BLOCK))
     size = -(-s // n)
     return [(lo, min(lo + size, s)) for lo in range(0, s, size)]

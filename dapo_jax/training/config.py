@@ -153,7 +153,7 @@ class OptimSection(_Section):
     # (packed_step.default_chunk_rows)
     packing_rows: int | None = Field(default=None, gt=0)
     # shorter chunks for the groups the last chunk would hold, of a multiple of this many rows, used when
-    # they take fewer rows; None = a quarter of packing_rows (packed_step.default_tail_rows), 0 = none;
+    # they take fewer rows; None = half of packing_rows (packed_step.default_tail_rows), 0 = none;
     # a multiple of data*fsdp
     packing_tail_rows: int | None = Field(default=None, ge=0)
     # a group's responses in one packed row share one copy of their prompt (data/packing.py); same result

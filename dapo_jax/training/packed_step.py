@@ -4,8 +4,8 @@
     state, metrics = step(state, batch)        # same Batch, same TrainState, same metrics as train_step
 
 Each mini-batch (the same prompts as `train_step`'s) is packed on the host (`data/packing.py`) into
-chunks of a fixed `[R, L]` shape (and shorter ones, `[R/4, L]`, `[R/2, L]`, `[3R/4, L]`, for what the
-last chunk would hold, when they take fewer rows: `data/packing.pack_with_tail`): whole groups, each
+chunks of a fixed `[R, L]` shape (and a shorter one, `[R/2, L]` by default, for what the
+last chunk would hold, when it takes fewer rows: `data/packing.pack_with_tail`): whole groups, each
 (prompt, response) sequence's real tokens end to end in a row, the responses of a group in one row
 after one copy of its prompt (`share_prompts`), attention kept within a sequence by the decoder's
 `segment_ids` and `branch_ids`. A jitted function
@@ -72,7 +72,7 @@ def make_packed_train_step(
     row_length: L (default S + T, so any sequence fits).
     put: host array -> device array for the chunks (default `jnp.asarray`; the trainer lays them out
       over the mesh's batch devices, so R must be a multiple of their count, `row_multiple`).
-    tail_rows: the leftovers' shorter chunks are multiples of it below R (default `default_tail_rows`: R/4;
+    tail_rows: the leftovers' shorter chunks are multiples of it below R (default `default_tail_rows`: R/2;
       0 = none). Every chunk shape compiles at the first step, whether or not it is used then.
     share_prompts: a group's responses in one row share one copy of the prompt (`data/packing.py`).
     """
@@ -252,13 +252,14 @@ def default_chunk_rows(micro_batch_rows: int, group_size: int, multiple: int = 1
 
 
 def default_tail_rows(rows: int, multiple: int = 1) -> int:
-    """The tail chunks' height step: a quarter of R, rounded up to a multiple of the batch devices (0 when
-    that is R), so tails of R/4, R/2 and 3R/4 rows. On the main job (R = 32 rows of 192, responses of
-    18-139 tokens) half-height tails took the update from 0.72-0.74 s to 0.55 s, and quarter steps with shared
-    prompts to 0.50-0.52 s, for two more compilations at step 1 (docs/benchmarks.md, "Causal attention blocks
-    and half-height tail chunks", "Shared prompts and quarter-height tails")."""
-    quarter = -(-rows // 4)
-    tail = -(-quarter // multiple) * multiple
+    """The tail chunks' height step: half of R, rounded up to a multiple of the batch devices (0 when that is
+    R), so one tail of R/2 rows. On the main job (R = 32 rows of 192, responses of 18-139 tokens) half-height
+    tails took the update from 0.72-0.74 s to 0.55 s; quarter steps (R/4, R/2, 3R/4) saved up to a tenth more
+    per update but compile two more chunk programs, a third of the first step on a CPU (docs/benchmarks.md,
+    "Causal attention blocks and half-height tail chunks", "Shared prompts and quarter-height tails", "The
+    first minute"). `optim.packing_tail_rows` sets the step (R/4: quarter steps)."""
+    half = -(-rows // 2)
+    tail = -(-half // multiple) * multiple
     return tail if tail < rows else 0
 
 

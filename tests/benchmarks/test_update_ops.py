@@ -32,7 +32,7 @@ def test_script_runs_on_a_small_chunk(capsys):
 
 @pytest.mark.slow
 def test_script_runs_the_main_jobs_model_in_causal_blocks(capsys):
-    assert bench_update_ops.main(["--size", "cot", "--rows", "2", "--length", "64", "--repeats", "1"]) == 0
+    assert bench_update_ops.main(["--size", "cot", "--rows", "2", "--length", "192", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
-    assert "cot packed chunk [2, 64] forward + backward, causal blocks (4 query blocks)" in out
-    assert "cot packed chunk [2, 64] forward + backward, one block (1 query blocks)" in out
+    assert "cot packed chunk [2, 192] forward + backward, causal blocks (3 query blocks)" in out
+    assert "cot packed chunk [2, 192] forward + backward, one block (1 query blocks)" in out

@@ -122,17 +122,22 @@ def test_matches_numpy_reference(name):
 def test_causal_blocks_hand_cases():
     from dapo_jax.models.decoder import causal_blocks
 
-    assert causal_blocks(20) == [(0, 20)]  # under two blocks of 16: one block, the whole square
-    assert causal_blocks(40) == [(0, 20), (20, 40)]
-    assert causal_blocks(192) == [(i * 24, (i + 1) * 24) for i in range(8)]  # at most 8 blocks
+    assert causal_blocks(20) == [(0, 20)]  # under two blocks of 64: one block, the whole square
+    assert causal_blocks(127) == [(0, 127)]
+    assert causal_blocks(128) == [(0, 64), (64, 128)]
+    assert causal_blocks(200) == [(0, 67), (67, 134), (134, 200)]  # 3 blocks of ceil(200 / 3)
+    assert causal_blocks(192) == [(i * 64, (i + 1) * 64) for i in range(3)]  # the main job's packed rows
     assert causal_blocks(4096) == [(i * 512, (i + 1) * 512) for i in range(8)]
     assert causal_blocks(1001)[-1] == (882, 1001)  # blocks of ceil(1001 / 8) = 126
 
 
 @pytest.mark.parametrize("name", ["qwen2", "llama3"])
 def test_long_rows_in_causal_blocks_match_numpy_reference(name):
-    """S = 200 runs the cache-free attention in 8 query blocks (keys [0, hi) each): same logits as the
+    """S = 200 runs the cache-free attention in 3 query blocks (keys [0, hi) each): same logits as the
     reference's full S x S attention, padding included."""
+    from dapo_jax.models.decoder import causal_blocks
+
+    assert len(causal_blocks(200)) == 3
     model = make_model(CONFIGS[name])
     ids, mask = left_padded(b=2, s=200, seed=3, lengths=[200, 117])
     got, want = np.asarray(full_logits(model, ids, mask)), numpy_forward(model, ids, mask)
@@ -163,6 +168,7 @@ def test_causal_blocks_give_one_blocks_values_and_gradients_on_packed_rows(monke
         hidden, _ = nnx.merge(graphdef, p)(ids, pos, (segs > 0).astype(jnp.int32), segment_ids=segs)
         return jnp.sum(hidden * weights), hidden
 
+    assert attention.causal_blocks(160) == [(0, 80), (80, 160)]  # a block boundary inside segment 2 of row 0
     blocked = jax.jit(jax.value_and_grad(run, has_aux=True))(params)
     monkeypatch.setattr(attention, "ATTENTION_BLOCK", 10 ** 6)
     assert attention.causal_blocks(160) == [(0, 160)]

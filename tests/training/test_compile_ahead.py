@@ -118,6 +118,6 @@ def test_the_run_compiles_none_of_the_programs_compiled_ahead(tiny_model_dir, tm
     for name in ("prepare", "add_chunk", "build", "start", "step_fn"):
         assert name not in main, (name, main)
     if extra == ["optim.packing=true"]:
-        assert ahead_names.count("add_chunk") == 4  # a program per chunk height, each compiled once
+        assert ahead_names.count("add_chunk") == 2  # a program per chunk height (R and the R/2 tail), each once
     else:
         assert "step_fn" in ahead_names

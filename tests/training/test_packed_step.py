@@ -144,8 +144,8 @@ def test_lora_packed_update_equals_unpacked():
     assert float(met_u["update_applied"]) == 1.0
 
 
-@pytest.mark.parametrize("rows,multiple,want", [(32, 1, 8), (3, 1, 1), (2, 1, 1), (1, 1, 0), (32, 3, 9),
-                                                (8, 8, 0), (12, 4, 4)])
+@pytest.mark.parametrize("rows,multiple,want", [(32, 1, 16), (3, 1, 2), (2, 1, 1), (1, 1, 0), (32, 3, 18),
+                                                (8, 8, 0), (12, 4, 8), (8, 4, 4), (6, 4, 4), (4, 4, 0)])
 def test_default_tail_rows(rows, multiple, want):
     assert default_tail_rows(rows, multiple) == want
 
@@ -166,7 +166,7 @@ def test_default_chunk_rows(mb_rows, g, multiple, want):
 def test_default_chunks_are_smaller_than_a_micro_batch():
     """With no chunk_rows a mini-batch of short responses (33 real tokens of 132 positions) takes one
     half-size chunk (6 rows), not one micro-batch-sized chunk (which would compute as much as unpacked),
-    and with the default tails (multiples of 2 rows), a shorter one."""
+    and with the default tail (half of it, 3 rows), a shorter one."""
     objective = load_objective("dapo")
     batch = _fields(objective, make_batch(4, max_len=1))
     *_, packed = _steps(objective, 1, 1, None)
@@ -174,14 +174,14 @@ def test_default_chunks_are_smaller_than_a_micro_batch():
     assert stats["real_tokens"] == 33 and stats["unpacked_positions"] == P * G * (S + T) == 132, stats
     # 3 groups of 3 one-token responses after prompts of 3, 2 and 3 tokens: groups 0 and 3 take 2 + 3 x (1 + 1)
     # = 8 tokens in a row each; group 1's responses fill the 3 tokens left in rows 0 and 1 and a third row,
-    # each after its own copy of the prompt's first token: 8 + 8 + 3 x 3 = 25 tokens, more than a 2-row
-    # tail holds (22), so one 4-row tail of 11
+    # each after its own copy of the prompt's first token: 8 + 8 + 3 x 3 = 25 tokens, one 3-row tail of 11
     assert stats["packed_tokens"] == 25 and stats["chunks"] == stats["tail_chunks"] == 1, stats
-    assert stats["packed_positions"] == 44, stats
-    # each response after its own prompt: the 33 tokens fill one 4-row tail as well; a 3-row tail exactly
+    assert stats["packed_positions"] == 33, stats
+    # each response after its own prompt: the 33 tokens fill the 3-row tail exactly; with tails in steps of
+    # 2 rows they take a 4-row one
     alone = packing_stats(batch, 1, 1, share_prompts=False)
-    assert alone["packed_tokens"] == 33 and alone["packed_positions"] == 44, alone
-    assert packing_stats(batch, 1, 1, tail_rows=3, share_prompts=False)["packed_positions"] == 33
+    assert alone["packed_tokens"] == 33 and alone["packed_positions"] == 33, alone
+    assert packing_stats(batch, 1, 1, tail_rows=2, share_prompts=False)["packed_positions"] == 44
     no_tail = packing_stats(batch, 1, 1, tail_rows=0)
     assert no_tail["chunks"] == 1 and no_tail["tail_chunks"] == 0 and no_tail["packed_positions"] == 66, no_tail
 
