@@ -160,8 +160,9 @@ def causal_blocks(s: int) -> list[tuple[int, int]]:
     whatever else it holds), so block `[lo, hi)` attends to keys `[0, hi)` only: with n blocks the
     scores cover (n+1)/2n of the S x S square, the same values (the keys left out are masked ones,
     whose weight is exactly 0). Each block is its own few kernels to compile: on the main job's packed
-    chunks (rows of 192: 3 blocks of 64, 67% of the square) forward + backward takes a fifth less time
-    than one block, and blocks of 16 (8 of 24, 56%) saved about 5% more per chunk but took the chunk's
+    chunks (rows of 192: 3 blocks of 64, 67% of the square) forward + backward takes about a fifth less
+    time than one block (two probes put blocks of 64 at 0.80x), and blocks of 16 (8 of 24, 56%) saved about
+    5% more per chunk but took the chunk's
     compilation from 4 s to 11-15 s (docs/benchmarks.md, "Causal attention blocks", "The first minute")."""
     n = max(1, min(MAX_ATTENTION_BLOCKS, s // ATTENTION_BLOCK))
     size = -(-s // n)
