@@ -11,13 +11,14 @@ Each phase runs in a process of its own, so its peak memory is its own:
   as the recipe's 4) on `--prompts` prompts of `--prompt-len` tokens x G = `--group` responses of ragged
   lengths (uniform in 1..`--train-new-tokens`),
   the median of `--steps` timed steps after one untimed. MFU = model FLOPs / step time / the device's
-  dense bf16 peak (`NOMINAL_PEAKS`, by `device_kind`; none on a CPU). Model FLOPs = 6 x matmul
+  dense bf16 peak (`training/chips.py`, by `device_kind`; none on a CPU). Model FLOPs = 6 x matmul
   parameters (the LM head included) x the tokens the packed rows lay out + causal attention
   6 x layers x attention width x sum of squared sequence lengths. The same FLOPs are also set against a
   matmul peak measured in the process (bf16 on an accelerator, f32 on a CPU).
 - `decode_512`, `decode_4096`: `make_generate` on `--decode-prompts` prompts x G = `--group` samples, no EOS
   (every sequence runs the full length); tokens/s = sequences x new tokens / the second call's time (the
-  first one compiles).
+  first one compiles). Beside it, the time of one decode step against what `dapo-jax plan`'s estimate
+  (`training/estimate.py`) gives for it on this device; and the train step against its FLOPs at the peak.
 Peak memory: `memory_stats()["peak_bytes_in_use"]` of the device; on a CPU, which reports none, the
 process's maximum resident set size.
 """
@@ -37,13 +38,32 @@ from benchmarks.step_memory import QWEN25_05B
 
 QUICK_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, vocab_size=512)
-# dense bf16 FLOP/s by `device_kind` substring, first match (vendor data sheets, without sparsity)
-NOMINAL_PEAKS = (("H100 PCIe", 756e12), ("H100", 989e12), ("H200", 989e12), ("A100", 312e12), ("L4", 121e12),
-                 ("TPU v5 lite", 197e12), ("TPU v5", 459e12), ("TPU v6 lite", 918e12), ("TPU v4", 275e12))
 
 
 def nominal_peak(device_kind: str) -> float | None:
-    return next((peak for name, peak in NOMINAL_PEAKS if name in device_kind), None)
+    """The device's dense bf16 FLOP/s from `training/chips.py`'s table (data sheets), None on a CPU."""
+    from dapo_jax.training.chips import chip_for
+
+    chip = chip_for(device_kind)
+    return None if chip is None else chip.bf16_tflops * 1e12 / chip.devices_per_chip
+
+
+def decode_estimate_ms(cfg, device_kind: str, *, rows: int, prompt_len: int, new_tokens: int) -> float | None:
+    """What `dapo-jax plan`'s estimate gives for one decode step of this phase (`estimate.decode_step`: weights
+    and KV cache in the compute dtype over the HBM bandwidth, or FLOPs over the peak; about S + 5T/8 cached slots)."""
+    import jax.numpy as jnp
+
+    from dapo_jax.training.chips import chip_for
+    from dapo_jax.training.estimate import decode_step
+
+    chip = chip_for(device_kind)
+    if chip is None:
+        return None
+    seconds, _, _ = decode_step(cfg, rows=rows, context=prompt_len + 5 * new_tokens / 8,
+                                itemsize=jnp.dtype(cfg.dtype).itemsize,
+                                peak_flops=chip.bf16_tflops * 1e12 / chip.devices_per_chip,
+                                bandwidth=chip.hbm_gbps * 1e9 / chip.devices_per_chip)
+    return 1e3 * seconds
 
 
 def model_config(quick: bool):
@@ -93,6 +113,7 @@ def phase_train(args, cfg, mesh) -> dict:
     import jax
     import jax.numpy as jnp
 
+    from dapo_jax.models.attention import resolve, supports_branches
     from dapo_jax.objectives.registry import load_objective
     from dapo_jax.parallel.host import to_global
     from dapo_jax.parallel.mesh import batch_sharding
@@ -111,6 +132,8 @@ def phase_train(args, cfg, mesh) -> dict:
     rids = rng.integers(1, cfg.vocab_size, size=(p, g, t)).astype(np.int32) * rmask
     adv = rng.choice([-1.0, 1.0], size=(p, g, 1)).astype(np.float32) * rmask
     put = lambda x: to_global(x, batch_sharding(mesh))  # noqa: E731
+    # as the trainer packs (training/programs.py): a group's prompt shared only where the attention can branch
+    share = supports_branches(resolve(cfg.attention, platform=mesh.devices.flat[0].platform, seq_len=s + t))
     objective = load_objective("dapo", dynamic_sampling=False, overlong_buffer=None, max_response_length=t)
     tx, schedule = make_optimizer(OptimSection(lr=1e-6, weight_decay=0.1, grad_clip=1.0))
     with jax.set_mesh(mesh):
@@ -119,7 +142,7 @@ def phase_train(args, cfg, mesh) -> dict:
         old_logp, _ = make_logprob_fn(graphdef, temperature=1.0)(params, pids_j, pmask_j, rids_j, rmask_j)
         batch = Batch(pids_j, pmask_j, rids_j, rmask_j.astype(jnp.float32), old_logp, adv_j, jnp.zeros_like(old_logp))
         step = make_packed_train_step(graphdef, tx, schedule, objective=objective, put=put,
-                                      micro_batches=args.micro_batches)
+                                      micro_batches=args.micro_batches, share_prompts=share)
         times = []
         for i in range(args.steps + 1):
             t0 = time.perf_counter()
@@ -179,8 +202,12 @@ def run_phase(args) -> dict:
         nominal = nominal_peak(dev.device_kind)
         res["nominal_peak_flops_per_s"] = nominal
         res["mfu"] = None if nominal is None else res["flops_per_s"] / nominal
+        res["estimate_s"] = None if nominal is None else res["flops"] / nominal  # the plan's: the FLOPs at the peak
     else:
         res = phase_decode(args, cfg, mesh, int(args.phase.split("_")[1]))
+        res["step_ms"] = 1e3 * res["decode_s"] / res["new_tokens"]
+        res["estimate_step_ms"] = decode_estimate_ms(cfg, dev.device_kind, rows=res["sequences"],
+                                                     prompt_len=args.prompt_len, new_tokens=res["new_tokens"])
     return dict(phase=args.phase, device=dev.device_kind, platform=dev.platform, jax=jax.__version__,
                 quick=args.quick, **res, **peak_memory())
 
@@ -228,13 +255,17 @@ def format_result(r: dict) -> str:
     mem = f"peak memory {r['peak_memory_bytes'] / 2**30:.2f} GiB ({r['peak_memory_of']})"
     head = f"[benchmarks.device] {r['device']} ({r['platform']}, jax {r['jax']}) {r['phase']}:"
     if r["phase"] == "train":
-        mfu = "n/a (no nominal peak for this device)" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+        mfu = ("n/a (no nominal peak for this device)" if r["mfu"] is None
+               else f"{100 * r['mfu']:.1f}% (the plan's estimate at the peak: {r['estimate_s']:.3f} s)")
         return (f"{head} step {r['step_s']:.3f} s ({r['sequences']} sequences, {r['real_tokens']} tokens, "
                 f"{r['laid_out_tokens']} laid out), {r['flops_per_s'] / 1e12:.2f} TFLOP/s, MFU {mfu}, "
                 f"{100 * r['fraction_of_measured_peak']:.1f}% of the measured matmul peak "
                 f"({r['matmul_peak_flops_per_s'] / 1e12:.2f} TFLOP/s); {mem}")
+    est = "" if r["estimate_step_ms"] is None else (
+        f" against the plan's estimate of {r['estimate_step_ms']:.3f} ms ({r['step_ms'] / r['estimate_step_ms']:.1f}x)")
     return (f"{head} {r['sequences']} sequences x {r['new_tokens']} new tokens in {r['decode_s']:.2f} s: "
-            f"{r['tokens_per_s']:.0f} tokens/s (first call {r['compile_and_first_s']:.1f} s); {mem}")
+            f"{r['tokens_per_s']:.0f} tokens/s, {r['step_ms']:.3f} ms a decode step{est} "
+            f"(first call {r['compile_and_first_s']:.1f} s); {mem}")
 
 
 if __name__ == "__main__":

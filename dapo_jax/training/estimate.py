@@ -1,4 +1,4 @@
-"""An ESTIMATE of a training step's time on a TPU slice, counted from the config (not measured).
+"""An ESTIMATE of a training step's time on a TPU slice or a local GPU, counted from the config (not measured).
 
     est = step_time(cfg, model_cfg, mesh={"data": 1, "fsdp": 32, "tensor": 1}, chip=CHIPS["v5p"], devices=32)
 
@@ -41,13 +41,25 @@ def forward_flops(m, n: float, *, head: bool = True) -> float:
     return 2.0 * weights * n + 2.0 * m.num_hidden_layers * m.num_attention_heads * m.head_dim * n * n
 
 
+def decode_step(m, *, rows: float, context: float, itemsize: int, peak_flops: float, bandwidth: float,
+                weight_shards: int = 1, row_shards: int = 1) -> tuple[float, float, float]:
+    """One decode step of `rows` sequences over `context` cached slots: `(seconds, bytes read per device, FLOPs)`,
+    the seconds the larger of its matmul + attention FLOPs at `peak_flops` (all devices together) and the
+    bytes one device reads (its share of the weights and of the KV cache) over its HBM `bandwidth`."""
+    kv_per_slot = 2 * m.num_hidden_layers * m.num_key_value_heads * m.head_dim * itemsize
+    step_bytes = (matmul_params(m) * itemsize + rows / row_shards * context * kv_per_slot) / weight_shards
+    step_flops = 2.0 * matmul_params(m) * rows + 4.0 * m.num_hidden_layers * m.num_attention_heads * m.head_dim * rows * context
+    return max(step_bytes / bandwidth, step_flops / peak_flops), step_bytes, step_flops
+
+
 def step_time(cfg: RunConfig, m, *, mesh: dict, chip, devices: int, response_tokens: int | None = None,
               mfu: float = 1.0, share_prompts: bool | None = None) -> dict:
     """Seconds per phase and tokens/s per chip, with the assumptions (module docstring). `chip`: a
     `slices.Chip`, or None (no estimate: the peak and bandwidth are unknown); `share_prompts`: whether the
     packed update shares a group's prompt (default `optim.packing_share_prompts`; not with splash)."""
     if chip is None:
-        return {"note": "no step-time estimate: it needs a TPU slice's bf16 peak and HBM bandwidth (--topology)"}
+        return {"note": "no step-time estimate: it needs the accelerator's bf16 peak and HBM bandwidth, a TPU slice's "
+                        "(--topology) or a GPU's or TPU's that training/chips.py knows"}
     r, o = cfg.rollout, cfg.optim
     p, g, s, t = r.train_batch, r.G, cfg.data.max_prompt_length, r.max_new_tokens
     tbar = min(response_tokens or t, t)
@@ -69,14 +81,13 @@ def step_time(cfg: RunConfig, m, *, mesh: dict, chip, devices: int, response_tok
     if objective.uses_critic:
         critic_flops = p * g * forward_flops(m, s + t, head=False) * (1 + train_k)  # values + its update
 
-    itemsize = jnp.dtype(cfg.sampler_dtype).itemsize
     rows = r.gen_batch * g
-    ways = mesh["data"] * mesh["fsdp"]
-    kv_per_slot = 2 * m.num_hidden_layers * m.num_key_value_heads * m.head_dim * itemsize
     context = s + 5 * t / 8
-    step_bytes = matmul_params(m) * itemsize / mesh["tensor"] + rows / ways * context * kv_per_slot / mesh["tensor"]
-    step_flops = 2.0 * matmul_params(m) * rows + 4.0 * m.num_hidden_layers * m.num_attention_heads * m.head_dim * rows * context
-    decode_s = t * max(step_bytes / bandwidth, step_flops / peak)
+    one_step, step_bytes, step_flops = decode_step(m, rows=rows, context=context,
+                                                   itemsize=jnp.dtype(cfg.sampler_dtype).itemsize,
+                                                   peak_flops=peak, bandwidth=bandwidth, weight_shards=mesh["tensor"],
+                                                   row_shards=mesh["data"] * mesh["fsdp"])
+    decode_s = t * one_step
     prefill_s = r.gen_batch * forward_flops(m, s) / peak
     rounds = -(-p // r.gen_batch)  # a long-context recipe generates fewer prompts at a time than it trains on
     seconds = {"rollout": rounds * (prefill_s + decode_s), "log-prob": logprob_flops / peak, "update": update_flops / peak,
@@ -87,7 +98,7 @@ def step_time(cfg: RunConfig, m, *, mesh: dict, chip, devices: int, response_tok
     return {
         "seconds": {k: v for k, v in seconds.items() if v},
         "step_s": step,
-        "rollout_decode_step_ms": 1e3 * max(step_bytes / bandwidth, step_flops / peak),
+        "rollout_decode_step_ms": 1e3 * one_step,
         "decode_bound": "HBM bandwidth" if step_bytes / bandwidth >= step_flops / peak else "compute",
         "tokens_per_s_per_chip": trained / step / chips,
         "generated_tokens_per_s_per_chip": rounds * rows * tbar / seconds["rollout"] / chips,
@@ -108,4 +119,4 @@ def step_time(cfg: RunConfig, m, *, mesh: dict, chip, devices: int, response_tok
     }
 
 
-__all__ = ["forward_flops", "matmul_params", "step_time"]
+__all__ = ["decode_step", "forward_flops", "matmul_params", "step_time"]

@@ -306,9 +306,11 @@ def make_plan(cfg: RunConfig, *, topology: str | None = None, device_memory_gib:
         plan.notes.append("the rollouts' layers are unrolled, so their line is approximate: against whole compiles it "
                           "was measured from 41% low to 28% high (docs/long_context.md); --exact gives their exact figures")
     if estimate is not None:
+        from dapo_jax.training.chips import chip_for
         from dapo_jax.training.estimate import step_time
 
-        plan.estimate = step_time(cfg, model_cfg, mesh=dict(mesh.shape), chip=tpu_slice.chip if tpu_slice else None,
+        chip = tpu_slice.chip if tpu_slice else chip_for(devices[0].device_kind)  # a local GPU's, or None on a CPU
+        plan.estimate = step_time(cfg, model_cfg, mesh=dict(mesh.shape), chip=chip,
                                   devices=n, share_prompts=full.programs.share_prompts, **estimate)
     return plan
 

@@ -37,6 +37,17 @@ def test_nominal_peaks(kind, peak):
     assert bench_device.nominal_peak(kind) == peak
 
 
+def test_the_decode_estimate_is_the_plans():
+    """On an H100, one decode step of the quick model: `estimate.decode_step` at its bandwidth and peak."""
+    from dapo_jax.training.estimate import decode_step
+
+    cfg = bench_device.model_config(quick=True)
+    want, _, _ = decode_step(cfg, rows=4, context=16 + 5 * 64 / 8, itemsize=2, peak_flops=989e12, bandwidth=3350e9)
+    got = bench_device.decode_estimate_ms(cfg, "NVIDIA H100 80GB HBM3", rows=4, prompt_len=16, new_tokens=64)
+    assert got == pytest.approx(1e3 * want) and bench_device.decode_estimate_ms(cfg, "cpu", rows=4, prompt_len=16,
+                                                                                new_tokens=64) is None
+
+
 @pytest.mark.slow
 def test_quick_run_reports_consistent_figures(tmp_path, capsys):
     out = tmp_path / "device.jsonl"
@@ -59,6 +70,8 @@ def test_quick_run_reports_consistent_figures(tmp_path, capsys):
 
     assert decode["phase"] == "decode_16" and decode["new_tokens"] == 16 and decode["sequences"] == 4
     assert decode["tokens_per_s"] == pytest.approx(4 * 16 / decode["decode_s"])
+    assert decode["step_ms"] == pytest.approx(1e3 * decode["decode_s"] / 16)
+    assert decode["estimate_step_ms"] is None and train["estimate_s"] is None  # a CPU has no data-sheet peak
     assert decode["params"] == train["params"]
 
 

@@ -4,7 +4,8 @@ import jax.numpy as jnp
 import pytest
 
 from dapo_jax.training.config import load_config
-from dapo_jax.training.estimate import forward_flops, matmul_params, step_time
+from dapo_jax.training.chips import chip_for
+from dapo_jax.training.estimate import decode_step, forward_flops, matmul_params, step_time
 from dapo_jax.training.slices import CHIPS
 
 TINY = "configs/tiny_dapo.yaml"
@@ -77,3 +78,23 @@ def test_rollout_counts_the_rounds_that_fill_the_batch(tiny_model):
     assert est["seconds"]["rollout"] == pytest.approx(4 * per_round)
     assert est["generated_tokens_per_s_per_chip"] == pytest.approx(4 * rows * t / est["seconds"]["rollout"] / 4)
     assert any("4 rollout rounds of 4 prompts" in a for a in est["assumptions"])
+
+
+def test_one_decode_step_by_hand(tiny_model):
+    """`decode_step`: 4 rows over 10 slots, float32, weights over 2 tensor shards and rows over 2 row shards."""
+    n, kv = matmul_params(tiny_model), 2 * 2 * 2 * 16 * 4  # k and v, 2 layers, 2 KV heads, D 16, 4 bytes
+    seconds, step_bytes, step_flops = decode_step(tiny_model, rows=4, context=10, itemsize=4, peak_flops=1e12,
+                                                  bandwidth=1e9, weight_shards=2, row_shards=2)
+    assert step_bytes == pytest.approx((n * 4 + 4 / 2 * 10 * kv) / 2)
+    assert step_flops == pytest.approx(2 * n * 4 + 4 * 2 * 4 * 16 * 4 * 10)
+    assert seconds == pytest.approx(max(step_bytes / 1e9, step_flops / 1e12))
+
+
+def test_a_local_gpu_gets_an_estimate(tiny_model):
+    """A plan made on a GPU machine (no --topology) counts against that GPU's data-sheet figures."""
+    h100 = chip_for("NVIDIA H100 80GB HBM3")
+    est = step_time(load_config(TINY), tiny_model, mesh={"data": 1, "fsdp": 1, "tensor": 1}, chip=h100, devices=1)
+    assert est["seconds"]["update"] == pytest.approx(est["flops"]["update"] / 989e12)
+    assert "H100 SXM: 989 TFLOP/s bf16 and 3350 GB/s" in est["assumptions"][0]
+    note = step_time(load_config(TINY), tiny_model, mesh=MESH, chip=chip_for("cpu"), devices=4)["note"]
+    assert "training/chips.py" in note
