@@ -153,7 +153,8 @@ def cmd_plan(args) -> int:
     cfg = load_config(_resolve_config(config) or MAIN_JOB, overrides)  # a bad key fails here, before compiling
     log = (lambda msg: None) if args.quiet else (lambda msg: print(f"[dapo-jax plan] {msg}", file=sys.stderr, flush=True))
     options = dict(device_memory_gib=args.device_memory, model_config=args.model_config, exact=args.exact, log=log,
-                   cache=not args.no_cache, estimate={"response_tokens": args.response_tokens, "mfu": args.mfu})
+                   cache=not args.no_cache, estimate={"response_tokens": args.response_tokens, "mfu": args.mfu},
+                   only=tuple(args.only) if args.only else None)
     try:
         if args.search:
             from dapo_jax.training.plan_search import format_search, search, search_dict
@@ -280,6 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the model's shapes (default: model.path's config.json, else the published shape its name names)")
     p.add_argument("--exact", action="store_true", help="compile every layer (default: a model of more than 3 layers "
                    "is compiled at 2 and 3 and extrapolated per layer)")
+    p.add_argument("--only", action="append", metavar="PROGRAM", help="compile only the programs whose names start "
+                   "so (rollout, 'eval rollout', prepare, update; repeatable), e.g. one rollout with --exact")
     p.add_argument("--device-memory", dest="device_memory", type=float, metavar="GiB",
                    help="memory per device (default: the slice's usable HBM; the device's memory_stats(); on CPU the "
                    "host RAM / devices)")

@@ -41,6 +41,9 @@ from dapo_jax.training.plan_compile import GiB, Figures, cache_dir, extrapolate,
 
 EXTRAPOLATE_FROM = (2, 3)  # layers compiled when extrapolating (a scan needs 2 or more)
 SAMPLER_PHASES = ("rollout", "eval rollout")  # programs whose layers are unrolled: no exact line in the depth
+# the rollout line's worst measured error: its temporaries 41% under the whole compile's (docs/long_context.md,
+# "How far the rollout's line holds"); the verdict flags a fit that this error would undo
+ROLLOUT_LINE_LOW = 0.41
 SMALL = 512 * 2**20  # a TPU program with fewer temporaries may keep some in on-chip VMEM: compiled whole
 
 
@@ -117,6 +120,23 @@ class Plan:
     @property
     def fits(self) -> bool:
         return not self.over()
+
+    def uncertain(self) -> list[tuple[PhasePlan, int]]:
+        """The fitting rollout phases whose program is extrapolated and would not fit were its temporaries
+        as far under the truth as the line has been measured (`ROLLOUT_LINE_LOW`): `(phase, bytes then)`."""
+        if self.capacity is None:
+            return []
+        programs = {p.name: p for p in self.programs}
+        out = []
+        for phase in self.phases:
+            program = programs.get(phase.program)
+            if phase.name not in SAMPLER_PHASES or program is None or not program.extrapolated:
+                continue
+            temps = phase.added.get("temporaries", 0)
+            worst = phase.total - temps + int(temps / (1 - ROLLOUT_LINE_LOW))
+            if phase.total <= self.capacity < worst:
+                out.append((phase, worst))
+        return out
 
 
 def plan_model_config(cfg: RunConfig, model_config: str | Path | None = None):
@@ -304,7 +324,8 @@ def make_plan(cfg: RunConfig, *, topology: str | None = None, device_memory_gib:
                           "--exact compiles it")
     if any(p.extrapolated and p.phase in SAMPLER_PHASES for p in programs):
         plan.notes.append("the rollouts' layers are unrolled, so their line is approximate: against whole compiles it "
-                          "was measured from 41% low to 28% high (docs/long_context.md); --exact gives their exact figures")
+                          f"was measured from {ROLLOUT_LINE_LOW:.0%} low to 28% high (docs/long_context.md); --exact "
+                          "gives their exact figures")
     if estimate is not None:
         from dapo_jax.training.chips import chip_for
         from dapo_jax.training.estimate import step_time

@@ -34,7 +34,12 @@ def verdict_lines(plan: Plan) -> list[str]:
     cap = f"the chip has {gib(plan.capacity)} GiB" if plan.capacity else "capacity unknown"
     if plan.fits:
         room = f", {human(plan.capacity - plan.peak)} to spare of {human(plan.capacity)}" if plan.capacity else ""
-        return [f"VERDICT: fits: peak {human(plan.peak)} per device ({plan.peak_phase}){room}"]
+        lines = [f"VERDICT: fits: peak {human(plan.peak)} per device ({plan.peak_phase}){room}"]
+        for phase, worst in plan.uncertain():
+            lines.append(f"  but {phase.name} is extrapolated from fewer layers: with its temporaries as far under the "
+                         f"truth as that line has been measured, it would need {gib(worst)} GiB, over the chip's "
+                         f"{gib(plan.capacity)}; --exact --only '{phase.name}' compiles it whole")
+        return lines
     lines = ["VERDICT: does not fit"]
     for phase in plan.over():
         lines.append(f"  {phase.name} does not fit: needs {gib(phase.total)} GiB per device, {cap}"
@@ -116,7 +121,8 @@ def plan_dict(plan: Plan) -> dict:
     """The plan as JSON-able numbers (bytes, seconds)."""
     out = dataclasses.asdict(plan)
     out.update(resident_total=plan.resident_total, peak=plan.peak, peak_phase=plan.peak_phase, fits=plan.fits,
-               compile_s=plan.compile_s, over=[p.name for p in plan.over()], verdict=verdict_lines(plan))
+               compile_s=plan.compile_s, over=[p.name for p in plan.over()], verdict=verdict_lines(plan),
+               uncertain={phase.name: worst for phase, worst in plan.uncertain()})
     for p, d in zip(plan.programs, out["programs"]):
         d["added"] = p.figures.added
     return out

@@ -94,6 +94,33 @@ def test_the_report_prints_every_phase_and_the_verdict(tiny_plan):
                for line in lines)
 
 
+def test_a_fit_within_the_rollout_lines_error_is_flagged(tiny_plan):
+    """A rollout extrapolated from 2 and 3 layers whose temporaries, 41% under the truth as the line has been
+    measured, would not fit: the verdict still says fits (its figures do) and names the phase, the bytes
+    and --exact; with room for that error, or compiled whole, it says nothing more."""
+    from dapo_jax.training.plan import ROLLOUT_LINE_LOW
+    from dapo_jax.training.plan_report import plan_dict, verdict_lines
+
+    programs = [dataclasses.replace(p, layers=(2, 3)) if p.phase == "rollout" else p for p in tiny_plan.programs]
+    others = max(x.total for x in tiny_plan.phases if x.name != "rollout")
+    phases = [dataclasses.replace(x, total=x.total + others, added={**x.added, "temporaries": x.added["temporaries"]
+                                                                    + others}) if x.name == "rollout" else x
+              for x in tiny_plan.phases]  # a rollout whose temporaries set the peak, as at DAPO's lengths
+    rollout = {x.name: x for x in phases}["rollout"]
+    temps = rollout.added["temporaries"]
+    worst = rollout.total - temps + int(temps / (1 - ROLLOUT_LINE_LOW))
+    assert worst > rollout.total > others
+    tight = dataclasses.replace(tiny_plan, programs=programs, phases=phases, capacity=rollout.total)
+    lines = verdict_lines(tight)
+    assert lines[0].startswith("VERDICT: fits") and len(lines) == 2
+    assert "rollout is extrapolated" in lines[1] and f"it would need {worst / 2**30:.2f} GiB" in lines[1]
+    assert "--exact --only 'rollout'" in lines[1] and plan_dict(tight)["uncertain"] == {"rollout": worst}
+    roomy = dataclasses.replace(tight, capacity=worst)
+    assert len(verdict_lines(roomy)) == 1 and plan_dict(roomy)["uncertain"] == {}
+    whole = dataclasses.replace(tight, programs=tiny_plan.programs)  # compiled at its depth: its figures are exact
+    assert len(verdict_lines(whole)) == 1
+
+
 def test_fsdp_shrinks_per_device_parameters(tiny_plan, tiny_hf):
     """conftest gives 8 virtual CPU devices: over fsdp=2, each holds half of every weight matrix."""
     from dapo_jax.training.plan import make_plan
@@ -113,8 +140,8 @@ def test_exit_codes(tiny_plan, monkeypatch, capsys, tmp_path):
 
     seen = {}
 
-    def fake_make_plan(cfg, *, topology=None, device_memory_gib=None, **kw):
-        seen.update(cfg=cfg, topology=topology)
+    def fake_make_plan(cfg, *, topology=None, device_memory_gib=None, only=None, **kw):
+        seen.update(cfg=cfg, topology=topology, only=only)
         capacity = int(device_memory_gib * GiB) if device_memory_gib else tiny_plan.capacity
         return dataclasses.replace(tiny_plan, capacity=capacity)
 
@@ -128,6 +155,8 @@ def test_exit_codes(tiny_plan, monkeypatch, capsys, tmp_path):
     assert json.loads((tmp_path / "p.json").read_text())["fits"] is False
     assert cli.main(["plan", TINY, "--json", "--device-memory", "64"]) == 0
     assert json.loads(capsys.readouterr().out)["fits"] is True
+    assert seen["only"] is None and cli.main(["plan", TINY, "--only", "eval rollout", "--only", "prepare"]) == 0
+    assert seen["only"] == ("eval rollout", "prepare")
 
 
 @pytest.mark.parametrize("argv, words", [
