@@ -350,7 +350,9 @@ def test_layer_scan_with_lora_gives_the_layer_loops_values_and_gradients():
     assert [p for p, _ in flat0] == [p for p, _ in flat1]
     assert sum("lora_b" in str(p) for p, _ in flat1) == 3 * len(("q", "k", "v", "o", "gate", "up", "down"))
     for (p, a), (_, b) in zip(flat0, flat1):
-        np.testing.assert_allclose(np.asarray(b.get_value()), np.asarray(a.get_value()), atol=1e-6, err_msg=str(p))
+        # rtol: a float32 sum in another order (AVX-512 hosts: 1.3e-6 apart in an embedding gradient of 1.5)
+        np.testing.assert_allclose(np.asarray(b.get_value()), np.asarray(a.get_value()), rtol=1e-5, atol=1e-6,
+                                   err_msg=str(p))
 
 
 def test_layer_scan_in_bf16_is_as_accurate_as_the_layer_loop():
