@@ -10,6 +10,7 @@ on the machine itself (no `--topology`) and for `benchmarks/device.py`'s MFU.
 | H100 | H100 SXM | 989 TFLOP/s | 3,350 GB/s | 80 GB |
 | H200 | H200 SXM | 989 TFLOP/s | 4,800 GB/s | 141 GB |
 | A100-SXM4-80GB | A100 SXM 80GB | 312 TFLOP/s | 2,039 GB/s | 80 GB |
+| A100 80GB PCIe | A100 PCIe 80GB | 312 TFLOP/s | 1,935 GB/s | 80 GB |
 | A100 | A100 40GB | 312 TFLOP/s | 1,555 GB/s | 40 GB |
 | L4 | L4 | 121 TFLOP/s | 300 GB/s | 24 GB |
 
@@ -36,6 +37,7 @@ GPUS: tuple[tuple[str, Chip], ...] = (
     ("H100", _gpu("H100 SXM", 989, 3350, 80, "h100")),
     ("H200", _gpu("H200 SXM", 989, 4800, 141, "h200")),
     ("A100-SXM4-80GB", _gpu("A100 SXM 80GB", 312, 2039, 80, "a100")),
+    ("A100 80GB PCIe", _gpu("A100 PCIe 80GB", 312, 1935, 80, "a100")),
     ("A100", _gpu("A100 40GB", 312, 1555, 40, "a100")),
     ("L4", _gpu("L4", 121, 300, 24, "l4")),
 )

@@ -12,6 +12,7 @@ from dapo_jax.training.slices import CHIPS
     ("NVIDIA H200", "H200 SXM", 989, 4800),
     ("NVIDIA A100-SXM4-80GB", "A100 SXM 80GB", 312, 2039),
     ("NVIDIA A100-SXM4-40GB", "A100 40GB", 312, 1555),
+    ("NVIDIA A100 80GB PCIe", "A100 PCIe 80GB", 312, 1935),
     ("NVIDIA L4", "L4", 121, 300),
 ])
 def test_gpus_by_device_kind(kind, family, tflops, gbps):
