@@ -58,12 +58,22 @@ def mount(mode: str, ckpt: Path, keep: Path, args: list[str]) -> int:
         if mode == "full":
             _fill(ckpt)
         else:
-            subprocess.run(["mount", "-o", "remount,ro,bind", str(ckpt)], check=True)
+            _remount_read_only(ckpt)
     rc = proc.wait()
     if mode == "full":
         (ckpt / "filler").unlink(missing_ok=True)
     shutil.copytree(ckpt, keep, symlinks=True)
     return rc
+
+
+def _remount_read_only(ckpt: Path, tries: int = 200) -> None:
+    """`mount -o remount,ro,bind`, again every 10 ms while the kernel answers "busy" (exit 32): a file of
+    the checkpoint just completed can still be open for writing for a moment (seen on a fast host)."""
+    for _ in range(tries - 1):
+        if subprocess.run(["mount", "-o", "remount,ro,bind", str(ckpt)], capture_output=True).returncode == 0:
+            return
+        time.sleep(0.01)
+    subprocess.run(["mount", "-o", "remount,ro,bind", str(ckpt)], check=True)
 
 
 def inject(mode: str, ckpt: Path, args: list[str]) -> int:
