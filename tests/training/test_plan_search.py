@@ -37,14 +37,18 @@ def test_search_settles_on_the_smallest_slice_that_fits_and_plans_the_next(monke
         peak: int = 1
         peak_phase: str = "update"
         capacity: int = 16 * 2**30
+        topology: str = ""
 
         def over(self):
             return [] if self.fits else [type("P", (), {"name": "update"})()]
 
+        def uncertain(self):  # the smallest fitting slice's eval rollout fits by its line only
+            return [(type("P", (), {"name": "eval rollout"})(), 2**40)] if self.fits and self.topology == "v5e-8" else []
+
     def fake_make_plan(cfg, *, topology, **kw):
         m = cfg.mesh
         planned.append((topology, (m.data, m.fsdp, m.tensor)))
-        return FakePlan(fits=m.fsdp * m.tensor >= 8)
+        return FakePlan(fits=m.fsdp * m.tensor >= 8, topology=topology)
 
     monkeypatch.setattr(plan_search, "make_plan", fake_make_plan)
     # the resident state is 40 GiB on one device: v5e-1 (15.75 GiB) is skipped without compiling, v5e-4 is tried
@@ -59,6 +63,9 @@ def test_search_settles_on_the_smallest_slice_that_fits_and_plans_the_next(monke
     assert [(c.slice_name, c.mesh, c.skipped is None) for c in result.tried[1:3]] == [
         ("v5e-4", (1, 4, 1), True), ("v5e-4", (2, 2, 1), False)]
     assert parse_slice(result.best.slice_name).devices == 8
+    listing = plan_search.format_search(dataclasses.replace(result, best=None, tried=result.tried[:4]))
+    assert "v5e-8        data 1 x fsdp 8 x tensor 1" in listing
+    assert "fits (eval rollout within the rollout line's error)" in listing
     text = plan_search.format_search(dataclasses.replace(result, best=None))
     assert "VERDICT: no v5e slice fits" in text and "v5e-1" in text
 
