@@ -45,7 +45,7 @@ def nominal_peak(device_kind: str) -> float | None:
     from dapo_jax.training.chips import chip_for
 
     chip = chip_for(device_kind)
-    return None if chip is None else chip.bf16_tflops * 1e12 / chip.devices_per_chip
+    return None if chip is None else chip.device_flops
 
 
 def decode_estimate_ms(cfg, device_kind: str, *, rows: int, prompt_len: int, new_tokens: int) -> float | None:
@@ -61,8 +61,7 @@ def decode_estimate_ms(cfg, device_kind: str, *, rows: int, prompt_len: int, new
         return None
     seconds, _, _ = decode_step(cfg, rows=rows, context=prompt_len + 5 * new_tokens / 8,
                                 itemsize=jnp.dtype(cfg.dtype).itemsize,
-                                peak_flops=chip.bf16_tflops * 1e12 / chip.devices_per_chip,
-                                bandwidth=chip.hbm_gbps * 1e9 / chip.devices_per_chip)
+                                peak_flops=chip.device_flops, bandwidth=chip.device_bandwidth)
     return 1e3 * seconds
 
 

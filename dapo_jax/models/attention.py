@@ -162,8 +162,8 @@ def causal_blocks(s: int) -> list[tuple[int, int]]:
     whose weight is exactly 0). Each block is its own few kernels to compile: on the main job's packed
     chunks (rows of 192: 3 blocks of 64, 67% of the square) forward + backward takes about a fifth less
     time than one block (two probes put blocks of 64 at 0.80x), and blocks of 16 (8 of 24, 56%) saved about
-    5% more per chunk but took the chunk's
-    compilation from 4 s to 11-15 s (docs/benchmarks.md, "Causal attention blocks", "The first minute")."""
+    5% more per chunk but took the chunk's compilation from 4 s to 11-15 s (docs/benchmarks.md, "Causal
+    attention blocks", "The first minute")."""
     n = max(1, min(MAX_ATTENTION_BLOCKS, s // ATTENTION_BLOCK))
     size = -(-s // n)
     return [(lo, min(lo + size, s)) for lo in range(0, s, size)]

@@ -64,8 +64,8 @@ def step_time(cfg: RunConfig, m, *, mesh: dict, chip, devices: int, response_tok
     p, g, s, t = r.train_batch, r.G, cfg.data.max_prompt_length, r.max_new_tokens
     tbar = min(response_tokens or t, t)
     train_k = 4 if m.remat == "full" else 3
-    peak = chip.bf16_tflops * 1e12 / chip.devices_per_chip * devices * mfu  # the slice's FLOP/s
-    bandwidth = chip.hbm_gbps * 1e9 / chip.devices_per_chip  # per device
+    peak = chip.device_flops * devices * mfu  # the slice's FLOP/s
+    bandwidth = chip.device_bandwidth  # per device
     objective = cfg.objective_config
 
     if o.packing:

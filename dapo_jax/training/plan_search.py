@@ -143,8 +143,9 @@ def format_search(result: SearchResult) -> str:
         else:
             p = c.plan
             state = "fits" if p.fits else "does not fit: " + ", ".join(x.name for x in p.over())
-            if p.fits and p.uncertain():  # the verdict's flag (plan_report.verdict_lines)
-                state += " (" + ", ".join(x.name for x, _ in p.uncertain()) + " within the rollout line's error)"
+            uncertain = p.uncertain() if p.fits else []  # the verdict's flag (plan_report.verdict_lines)
+            if uncertain:
+                state += " (" + ", ".join(x.name for x, _ in uncertain) + " within the rollout line's error)"
             lines.append(f"  {c.slice_name:<12} {mesh:<32} peak {gib(p.peak)} GiB ({p.peak_phase}) of "
                          f"{gib(p.capacity) if p.capacity else '?'}: {state}")
     if result.best is None:

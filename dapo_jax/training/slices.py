@@ -59,6 +59,16 @@ class Chip:
     shapes: dict  # chips -> topology "AxB" / "AxBxC"
 
     @property
+    def device_flops(self) -> float:
+        """One JAX device's bf16 peak, FLOP/s (a chip's shared by its devices)."""
+        return self.bf16_tflops * 1e12 / self.devices_per_chip
+
+    @property
+    def device_bandwidth(self) -> float:
+        """One JAX device's HBM bandwidth, bytes/s."""
+        return self.hbm_gbps * 1e9 / self.devices_per_chip
+
+    @property
     def names(self) -> list[str]:
         per = 2 if self.counts == "cores" else 1
         return [f"{self.family}-{chips * per}" for chips in self.shapes]
