@@ -62,6 +62,8 @@ from experiment import (  # noqa: E402
 )
 
 __all__ = ["DONE_FILE", "SINGLE_THREAD_XLA", "fmt_cell", "markdown_table", "read_run", "summarize_run"]
+import significance  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 
 # ----------------------------------------------------------------------------- the rows
@@ -181,7 +183,7 @@ def run_dir(plan: Plan, row: Row, seed: int) -> Path:
 
 def run_overrides(plan: Plan, row: Row, seed: int) -> list[str]:
     objective = [f"objective.{k}={yaml_value(v)}" for k, v in row.objective.items()]
-    return [*plan.common, *objective, f"train.seed={seed}", f"train.run_dir={run_dir(plan, row, seed)}"]
+    return [*plan.common, *objective, f"train.seed={seed}", f"data.order_seed={seed}", f"train.run_dir={run_dir(plan, row, seed)}"]
 
 
 def job(plan: Plan, row: Row, seed: int) -> Job:
@@ -288,23 +290,27 @@ def effect_pairs(rows: list[Row], technique: str) -> list[tuple[Row, Row]]:
 
 
 def effects_table(rows: list[Row], summaries: dict[str, list[dict]]) -> str:
-    """Each technique's effect: Δ = mean(with) − mean(without) over seeds, against the seed spread
-    (the larger of the two rows' sample sds); "yes" when |Δ| exceeds it."""
-    lines = ["| technique | with → without | metric | with | without | Δ | seed sd | \\|Δ\\| > sd |",
-             "|---|---|---|---|---|---|---|---|"]
+    """Each technique's effect: Δ = mean(with) − mean(without) over seeds, its bootstrap 95% interval,
+    Welch's p and the verdict at a Holm-adjusted p < 0.05 over every comparison of the table."""
+    found = []
     for t in TECHNIQUES:
         for a, b in effect_pairs(rows, t):
             for key in EFFECT_METRICS[t]:
                 va = [v for v in column(summaries.get(a.key, []), key) if v is not None]
                 vb = [v for v in column(summaries.get(b.key, []), key) if v is not None]
-                if not va or not vb:
-                    continue
-                (ma, sa), (mb, sb) = mean_sd(va), mean_sd(vb)
-                sd = max(x for x in (sa, sb, 0.0) if x is not None)
-                big = "yes" if len(va) > 1 and len(vb) > 1 and abs(ma - mb) > sd else "no"
-                lines.append(f"| {TECHNIQUE_LABELS[t]} | `{a.key}` → `{b.key}` | {METRIC_NAMES.get(key, key)} | "
-                             f"{ma:.4f} | {mb:.4f} | {ma - mb:+.4f} | {sd:.4f} | {big} |")
-    return "\n".join(lines)
+                if va and vb:
+                    found.append((t, a, b, key, va, vb, significance.compare(va, vb)))
+    adjusted = significance.holm([c.p for *_, c in found])
+    lines = ["| technique | with → without | metric | with | without | Δ [95% interval] | p | Holm p | verdict |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for (t, a, b, key, va, vb, c), p_adj in zip(found, adjusted):
+        interval = f" [{c.low:+.4f}, {c.high:+.4f}]" if c.low is not None else ""
+        p = f"{c.p:.3f}" if c.p is not None else "–"
+        holm_p = f"{p_adj:.3f}" if p_adj is not None else "–"
+        lines.append(f"| {TECHNIQUE_LABELS[t]} | `{a.key}` → `{b.key}` | {METRIC_NAMES.get(key, key)} | "
+                     f"{np.mean(va):.4f} | {np.mean(vb):.4f} | {c.delta:+.4f}{interval} | {p} | {holm_p} | "
+                     f"{significance.verdict(c, p_adj)} |")
+    return "\n".join(lines) + "\n\n" + significance.legend(significance.family_size(adjusted))
 
 
 # ----------------------------------------------------------------------------- figures
@@ -531,8 +537,8 @@ zero-adv. groups (generated groups whose rewards are all equal) and gen. rounds:
 
 {markdown_table(rows, summaries, DYNAMICS_COLUMNS)}
 {clip_section}
-Each technique's effect, row pair by row pair: the difference of the seed means against the seed
-spread (the larger sample sd of the two rows).
+Each technique's effect, row pair by row pair: the difference of the seed means (seeds vary the
+sampling and the order of the training prompts), Welch's test and a bootstrap interval.
 
 {effects_table(rows, summaries)}
 

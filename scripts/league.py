@@ -49,6 +49,8 @@ from experiment import (  # noqa: E402
     series, smooth, summarize_run, use_compile_cache, value_at, write_page, yaml_value,
 )
 
+import significance  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 DS_ROUNDS = 2  # generation rounds per step assumed for rows with dynamic sampling (DAPO's mean in docs/ablation.md)
 
@@ -160,7 +162,7 @@ def run_dir(plan: Plan, row: Row, seed: int) -> Path:
 
 def run_overrides(plan: Plan, cfg, row: Row, seed: int) -> list[str]:
     return [*plan.common, *row_overrides(cfg, row, plan), f"train.max_samples={plan.budget - pretrain_samples(plan, row)}",
-            f"train.eval_every={eval_every(plan, row)}", f"train.seed={seed}",
+            f"train.eval_every={eval_every(plan, row)}", f"train.seed={seed}", f"data.order_seed={seed}",
             f"train.run_dir={run_dir(plan, row, seed)}"]
 
 
@@ -203,25 +205,26 @@ COMPARE = [("final_acc", "avg@4 at budget"), ("final_pass", "pass@4"), ("ent_gen
 
 
 def versus_grpo(rows: list[Row], summaries: dict[str, list[dict]]) -> str:
-    """Each row's Δ to GRPO on the main outcomes, against the seed spread (the larger sample sd)."""
+    """Each row's Δ to GRPO on the main outcomes: the bootstrap 95% interval and Welch's p, marked only
+    where the Holm-adjusted p (over every cell of the table) is below 0.05; then the legend."""
     base = summaries.get("grpo", [])
-    lines = ["| row | " + " | ".join(f"Δ {name}" for _, name in COMPARE) + " |", "|---|" + "---|" * len(COMPARE)]
-    for row in rows:
-        if row.key == "grpo":
-            continue
-        cells = []
+    others = [row for row in rows if row.key != "grpo"]
+    comparisons = {}
+    for row in others:
         for key, _ in COMPARE:
             a = [v for v in column(summaries.get(row.key, []), key) if v is not None]
             b = [v for v in column(base, key) if v is not None]
-            if not a or not b:
-                cells.append("–")
-                continue
-            (ma, sa), (mb, sb) = mean_sd(a), mean_sd(b)
-            sd = max(x for x in (sa, sb, 0.0) if x is not None)
-            beyond = " **" if len(a) > 1 and len(b) > 1 and abs(ma - mb) > sd else ""
-            cells.append(f"{ma - mb:+.3f} (sd {sd:.3f}){beyond}")
+            if a and b:
+                comparisons[row.key, key] = significance.compare(a, b)
+    keys = list(comparisons)
+    adjusted = dict(zip(keys, significance.holm([comparisons[k].p for k in keys])))
+    lines = ["| row | " + " | ".join(f"Δ {name}" for _, name in COMPARE) + " |", "|---|" + "---|" * len(COMPARE)]
+    for row in others:
+        cells = [significance.cell(comparisons[row.key, key], adjusted[row.key, key])
+                 if (row.key, key) in comparisons else "–" for key, _ in COMPARE]
         lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    m = significance.family_size(adjusted.values())
+    return "\n".join(lines) + "\n\n" + significance.legend(m)
 
 
 def accuracy_at(rows: list[Row], runs: dict, offsets: dict, fractions=(0.25, 0.5, 0.75)) -> str:
@@ -382,7 +385,7 @@ steps. Wall time: training, evaluation and compilation, on a shared machine (see
 
 {markdown_table(rows, summaries, TABLE_COLUMNS, first="objective")}
 
-Each row against GRPO (Δ = row mean − GRPO mean; sd = the larger seed sd of the two; ** = |Δ| > sd):
+Each row against GRPO (Δ = row mean − GRPO mean; seeds vary the sampling and the order of the training prompts):
 
 {versus_grpo(rows, summaries)}
 

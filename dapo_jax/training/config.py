@@ -66,7 +66,8 @@ class DataSection(_Section):
     eval: SourceSection | None = SourceSection(split="heldout")
     eval_size: int = Field(default=64, gt=0)  # held-out problems per evaluation
     max_prompt_length: int = Field(default=64, gt=0)  # in tokens; longer prompts are skipped and counted
-    seed: int = 0  # the order prompts are drawn in
+    seed: int = 0  # the order prompts are drawn in, and the built-in tasks' problems (both splits)
+    order_seed: int | None = None  # the training prompts' order alone (default: seed); experiments vary it per seed
     accept_changed: bool = False  # resume although data.train's path or prompts changed since the run started (logged)
 
 

@@ -78,9 +78,11 @@ def load_source(source, *, seed: int = 0) -> list[Problem]:
     return problems
 
 
-def make_stream(source, tokenizer, *, max_prompt_length: int, seed: int, shuffle: bool = True, key: str = "data.train"):
+def make_stream(source, tokenizer, *, max_prompt_length: int, seed: int, shuffle: bool = True, key: str = "data.train",
+                order_seed: int | None = None):
     """A resumable `dapo_jax.data.PromptStream` whose batches are `[n, max_prompt_length]`; `key` names
-    the source's config section in its saved identity and errors."""
+    the source's config section in its saved identity and errors. `seed` draws a built-in task's problems,
+    `order_seed` (default `seed`) the order they are visited in."""
     from dapo_jax.data.stream import PromptStream
 
     problems = load_source(source, seed=seed)
@@ -88,7 +90,7 @@ def make_stream(source, tokenizer, *, max_prompt_length: int, seed: int, shuffle
     identity = {"key": key, "name": source.name, "path": str(path) if path is not None else None}
     try:
         return PromptStream(problems, tokenizer, max_prompt_length=max_prompt_length, template=source.template,
-                            seed=seed, shuffle=shuffle, buckets=(max_prompt_length,), source=identity)
+                            seed=seed if order_seed is None else order_seed, shuffle=shuffle, buckets=(max_prompt_length,), source=identity)
     except ValueError as e:
         raise DataError(f"data source {source.name!r}: {e} (data.max_prompt_length={max_prompt_length})") from e
 
@@ -171,7 +173,8 @@ def make_data(cfg, tokenizer, objective, *, sample: int = 8):
     response to itself), so a bad row, field, file or reward option fails in seconds, naming it.
     """
     max_len = cfg.data.max_prompt_length
-    stream = make_stream(cfg.data.train, tokenizer, max_prompt_length=max_len, seed=cfg.data.seed)
+    stream = make_stream(cfg.data.train, tokenizer, max_prompt_length=max_len, seed=cfg.data.seed,
+                         order_seed=cfg.data.order_seed)
     eval_stream = None
     if cfg.data.eval is not None:
         eval_stream = make_stream(cfg.data.eval, tokenizer, max_prompt_length=max_len, seed=cfg.data.seed,

@@ -301,10 +301,16 @@ def test_effects_pair_rows_that_differ_in_one_technique_and_compare_with_the_see
                  "clip": [{"ent_gen_end": h} for h in (0.10, 0.12, 0.14)],
                  "grpo": [{"ent_gen_end": h} for h in (0.11, 0.13, 0.15)]}
     table = ablate.effects_table(rows, summaries)
+    from scipy import stats
+
     line = next(x for x in table.splitlines() if "`dapo` → `token`" in x and "held-out acc. final" in x)
-    assert line.endswith("| 0.4200 | 0.2000 | +0.2200 | 0.1000 | yes |")
+    p1 = stats.ttest_ind([0.40, 0.42, 0.44], [0.10, 0.20, 0.30], equal_var=False).pvalue  # 0.067
+    assert "| 0.4200 | 0.2000 | +0.2200 [" in line
+    assert line.endswith(f"| {p1:.3f} | {min(1, 2 * p1):.3f} | not separable |")  # Holm over the 2 tests
     line = next(x for x in table.splitlines() if "`clip` → `grpo`" in x and "H gen. end" in x)
-    assert line.endswith("| 0.1200 | 0.1300 | -0.0100 | 0.0200 | no |")
+    p2 = stats.ttest_ind([0.10, 0.12, 0.14], [0.11, 0.13, 0.15], equal_var=False).pvalue
+    assert line.endswith(f"| {p2:.3f} | {min(1, max(2 * p1, p2)):.3f} | not separable |")
+    assert "this table's 2 tests" in table
     assert "dapo-clip" not in table  # rows without runs are left out
 
 

@@ -149,7 +149,10 @@ def test_the_table_is_mean_and_sd_of_hand_made_runs_with_pre_training_counted(tm
     assert table[4].startswith("| VAPO | 0.350 | 0.350 |")
     versus = league.versus_grpo(rows, summaries)
     dapo_line = next(x for x in versus.splitlines() if x.startswith("| DAPO |"))
-    assert dapo_line.startswith(f"| DAPO | +{0.45 - m:.3f} (sd {max(sd, np.std([0.5, 0.4], ddof=1)):.3f}) **")
+    # Δ, its bootstrap interval and Welch's p, unmarked: two seeds a side cannot separate these
+    welch_p = __import__("scipy").stats.ttest_ind([0.5, 0.4], [0.30, 0.40], equal_var=False).pvalue
+    assert dapo_line.startswith(f"| DAPO | +{0.45 - m:.3f} [") and f"p={welch_p:.2f} |" in dapo_line
+    assert "**" not in dapo_line and "over this table's" in versus and "not separable" in versus
     at = league.accuracy_at(rows, runs, offsets, fractions=(0.5,)).splitlines()
     # half of the smallest total (640): grpo's evaluations at 0, 256, 640 samples; dapo s0 at 0, 256, 640
     assert at[0] == "| row | avg@4 at 320 |"

@@ -71,3 +71,16 @@ def test_a_file_with_a_built_in_tasks_settings_says_which_to_change(tmp_path):
         load_source(SourceSection(name=str(path), format="gsm8k", options={"max_operand": 9}))
     with pytest.raises(DataError, match="format is 'synthetic'.*data.train.format=gsm8k"):
         load_source(SourceSection(name=str(path), format="synthetic"))
+
+
+def test_order_seed_reorders_the_training_prompts_and_keeps_the_problems():
+    """data.order_seed (what the experiment scripts vary per seed) changes the order prompts are visited in,
+    not the built-in task's problems, which data.seed draws."""
+    src = SourceSection(name="cot", options={"train_size": 40, "heldout_size": 10})
+    base = make_stream(src, TOK, max_prompt_length=200, seed=0)
+    same = make_stream(src, TOK, max_prompt_length=200, seed=0, order_seed=0)
+    other = make_stream(src, TOK, max_prompt_length=200, seed=0, order_seed=1)
+    first = lambda s: [tuple(r) for r in s.next_batch(40).input_ids.tolist()]  # noqa: E731 - one epoch
+    a, b, c = first(base), first(same), first(other)
+    assert a == b
+    assert a != c and sorted(a) == sorted(c)  # the same 40 problems, another order
