@@ -12,11 +12,12 @@ name            steps
                 line ``...+c4=16`` is +1 when its sum equals the true sum of the prompt's terms up to
                 the last label it names (``c``), a ``Total: N`` line when N equals the last such sum,
                 the ``Answer: N`` line when N is the answer; anything else, and every wrong sum, -1.
-                A response that stops early ends on one more -1 step (at its last character) for each
-                line the solution still needed: each running sum up to the last label, and the
-                ``Answer:`` line. Without them, stopping after a few right lines would sum to more
-                than going on and slipping. (The process advantage, normalised over the group's steps,
-                can still favour a short response: docs/league.md, GRPO + process supervision.)
+                A response that stops early ends on one more -1 step for each line the solution still
+                needed (each running sum up to the last label, and the ``Answer:`` line), placed on
+                the STOP: the token that ended the response (its EOS; the last token when it was cut
+                off). The decision to stop after an incomplete chain is then scored like the lines it
+                skipped; placed on the last character instead, the stop token would lie after every
+                step and always get advantage 0, while going on gets a negative sum.
 ``synthetic``   the embedded task: every non-blank line, +1 when it is the answer's integer, else -1
                 (its responses are one line: one step, the outcome reward)
 =============== ====================================================================================
@@ -105,7 +106,7 @@ def cot_steps(response: str, prompt: str, answer: str | int) -> Steps:
     # the steps the solution still needed are wrong steps at the response's end: in the sum of step
     # rewards, stopping is never better than writing them wrong
     missing = (len(terms) - 1 - reached) + (not answered)
-    return steps + [(-1.0, max(len(response.rstrip()) - 1, 0))] * missing
+    return steps + [(-1.0, len(response))] * missing  # past the text: on the stop token
 
 
 def synthetic_steps(response: str, prompt: str, answer: str | int) -> Steps:
@@ -117,29 +118,33 @@ def synthetic_steps(response: str, prompt: str, answer: str | int) -> Steps:
 STEP_REWARDS: dict[str, Callable[[str, str, str], Steps]] = {"cot": cot_steps, "synthetic": synthetic_steps}
 
 
-def steps_to_arrays(steps: Sequence[Steps], pieces: Sequence[Sequence[str]], *, max_steps: int
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def steps_to_arrays(steps: Sequence[Steps], pieces: Sequence[Sequence[str]], *, max_steps: int,
+                    lengths: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Steps `[(reward, char_end), ...]` of N responses, given as their tokens' text pieces, padded to
     `max_steps`: (rewards [N, J] float32, ends [N, J] int32 token indices, mask [N, J] float32).
-    The token of character `c` is the first token whose pieces reach past `c`."""
+    The token of character `c` is the first token whose pieces reach past `c`; a `char_end` at or past
+    the end of the text is the stop token, the row's last real token (`lengths`: real tokens per row,
+    EOS included; without them, the row's last piece)."""
     n = len(pieces)
     rewards = np.zeros((n, max_steps), np.float32)
     ends = np.zeros((n, max_steps), np.int32)
     mask = np.zeros((n, max_steps), np.float32)
     for i, (toks, row) in enumerate(zip(pieces, steps, strict=True)):
         reach = np.cumsum([len(p) for p in toks])
+        text_length = int(reach[-1]) if len(reach) else 0
+        stop = max((int(lengths[i]) if lengths is not None else len(toks)) - 1, 0)
         for j, (reward, char_end) in enumerate(row[:max_steps]):
             rewards[i, j] = reward
-            ends[i, j] = np.searchsorted(reach, char_end, side="right")
+            ends[i, j] = stop if char_end >= text_length else np.searchsorted(reach, char_end, side="right")
             mask[i, j] = 1.0
     return rewards, ends, mask
 
 
 def step_arrays(fn, pieces: Sequence[Sequence[str]], prompts: Sequence[str], answers: Sequence[str], *,
-                max_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                max_steps: int, lengths: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Step rewards `fn(text, prompt, answer)` of N responses given as their tokens' text pieces (`steps_to_arrays`)."""
     steps = [fn("".join(toks), prompt, answer) for toks, prompt, answer in zip(pieces, prompts, answers, strict=True)]
-    return steps_to_arrays(steps, pieces, max_steps=max_steps)
+    return steps_to_arrays(steps, pieces, max_steps=max_steps, lengths=lengths)
 
 
 def token_pieces(tokenizer, response_ids, response_mask) -> list[list[str]]:
@@ -162,7 +167,8 @@ def make_step_scorer(name: str, tokenizer):
         p, g, t = np.shape(response_ids)
         pieces = token_pieces(tokenizer, np.reshape(response_ids, (p * g, t)), np.reshape(response_mask, (p * g, t)))
         rep = lambda xs: [x for x in xs for _ in range(g)]  # noqa: E731
-        rewards, ends, mask = step_arrays(fn, pieces, rep(prompts), rep(answers), max_steps=t)
+        lengths = np.reshape(np.asarray(response_mask) > 0, (p * g, t)).sum(-1)
+        rewards, ends, mask = step_arrays(fn, pieces, rep(prompts), rep(answers), max_steps=t, lengths=lengths)
         return step_fields(rewards, ends, mask, (p, g, t))
 
     return score
