@@ -104,7 +104,7 @@ def cell(c: Comparison, p_adjusted: float | None, *, digits: int = 3, alpha: flo
         text += f" [{c.low:+.{digits}f}, {c.high:+.{digits}f}]"
     if c.p is None:
         return text + " (no test)"
-    text += f" p={_p(c.p)}"
+    text += f" p{_p(c.p)}"
     return text + (" **" if p_adjusted is not None and p_adjusted < alpha else "")
 
 
@@ -122,7 +122,16 @@ def legend(m: int, alpha: float = ALPHA) -> str:
 
 
 def _p(p: float) -> str:
+    """'<0.001', '=0.004', '=0.21': the comparison and the value, to write after 'p'."""
     if p < 0.001:
         return "<0.001"
-    return f"{p:.3f}" if p < 0.01 else f"{p:.2f}"
+    return f"={p:.3f}" if p < 0.01 else f"={p:.2f}"
 
+
+
+def welch_from_summary(mean_a: float, sd_a: float, n_a: int, mean_b: float, sd_b: float, n_b: int) -> float | None:
+    """Welch's two-sided p from each side's mean, sample sd and count alone (a published mean ± sd table whose
+    runs are gone): the same test as `welch` on the values behind them."""
+    if n_a < 2 or n_b < 2 or (sd_a == 0 and sd_b == 0):
+        return None
+    return float(stats.ttest_ind_from_stats(mean_a, sd_a, n_a, mean_b, sd_b, n_b, equal_var=False).pvalue)

@@ -78,3 +78,10 @@ def test_cells_and_legend_say_not_separable():
     assert significance.verdict(c, 0.2) == "not separable" and significance.verdict(c, 0.01) == "separable"
     assert significance.cell(significance.compare([0.4], [0.2, 0.3]), None).endswith("(no test)")
     assert "12 tests" in significance.legend(12) and "0.6" in significance.legend(12)
+
+
+def test_welch_from_a_mean_sd_table_equals_the_test_on_the_values():
+    a, b = np.array([0.40, 0.47, 0.39]), np.array([0.10, 0.20, 0.35])
+    p = significance.welch_from_summary(a.mean(), a.std(ddof=1), 3, b.mean(), b.std(ddof=1), 3)
+    assert p == pytest.approx(welch_reference(a, b), rel=1e-10)
+    assert significance.welch_from_summary(0.1, 0.0, 3, 0.2, 0.0, 3) is None
