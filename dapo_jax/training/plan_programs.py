@@ -196,9 +196,11 @@ class World:
         r, s, t = cfg.rollout, cfg.data.max_prompt_length, cfg.rollout.max_new_tokens
         pb, g = r.train_batch, r.G
         b = self.batched
+        # with normalize_then_sum the run passes each function's reward, [P, G, K] (training/step.py)
+        parts = (len(cfg.reward.functions),) if cfg.objective_config.multi_reward == "normalize_then_sum" else ()
         args = (self.policy.trainer(self.state.params), self.reference, b((pb, s), jnp.int32), b((pb, s), jnp.int32),
                 b((pb, g, t), jnp.int32), b((pb, g, t), jnp.float32), b((pb, g, t), jnp.float32),
-                b((pb, g), jnp.float32), b((pb, g), jnp.bool_))
+                b((pb, g, *parts), jnp.float32), b((pb, g), jnp.bool_))
         kwargs = {}
         if cfg.objective_config.needs_step_rewards:
             from dapo_jax.objectives.process import StepRewards
@@ -352,7 +354,7 @@ def build_world(cfg: RunConfig, model_cfg, mesh) -> World:
         programs = build_programs(cfg, policy=policy, model_cfg=model_cfg, mesh=mesh, tx=tx, schedule=schedule,
                                   scfg=sampling_config(cfg, tok, model_cfg, generation=gen),
                                   eval_scfg=sampling_config(cfg, tok, model_cfg, eval_mode=True, generation=gen),
-                                  critic=critic)
+                                  critic=critic, reward_weights=tuple(float(f.weight) for f in cfg.reward.functions))
     from dapo_jax.training.reward_models import reward_model_shapes
 
     return World(cfg, model_cfg, mesh, policy, programs, state, reference, critic_state, reward_model_shapes(cfg, mesh))

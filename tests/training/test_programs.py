@@ -37,6 +37,9 @@ def compiles():
     ("configs/tiny_dapo.yaml", []),
     # the packed update's chunk programs, LoRA's frozen base and merged sampler, the recomputed log pi_old
     ("configs/tiny_dapo_lora.yaml", ["optim.packing=true", "rollout.recompute_old_logp=true"]),
+    # each function's reward [P, G, K] and the weights into prepare (the plan once lowered [P, G] without them)
+    ("configs/tiny_grpo.yaml", ["objective.multi_reward=normalize_then_sum",
+                                "reward.functions=[{name: synthetic}, {name: synthetic, weight: 0.5}]"]),
 ])
 def test_plan_compiles_the_programs_a_step_compiles(config, extra, compiles, tmp_path):
     from dapo_jax.training.loop import train
