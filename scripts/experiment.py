@@ -185,7 +185,8 @@ def read_run(path: Path, steps: int | None = None) -> dict:
     """A run's metrics rows (step <= steps), its G and its recorded wall time."""
     from dapo_jax.training.metrics import read_metrics
 
-    rows = read_metrics(path) if (path / "metrics.jsonl").exists() else []
+    archived = (path / "metrics.jsonl").exists() or (path / "metrics.jsonl.gz").exists()
+    rows = read_metrics(path) if archived else []
     if steps is not None:
         rows = [r for r in rows if r["step"] <= steps]
     config = path / "config.yaml"

@@ -17,6 +17,7 @@ resumed run (`resumed_from` > 0) whose metrics.jsonl is gone says so: the rows u
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -152,13 +153,17 @@ def read_metrics(run_dir_or_file: str | Path) -> list[dict]:
     """The rows of metrics.jsonl in step order, the last line of each step winning (resumes redo steps).
 
     Rows with the same step but different kinds (train / eval) are merged, later keys winning.
-    A torn last line (the process was killed mid-write) is ignored.
+    A torn last line (the process was killed mid-write) is ignored. A folder whose metrics were archived
+    as `metrics.jsonl.gz` (scripts/archive_runs.py) is read from that.
     """
     path = Path(run_dir_or_file)
     if path.is_dir():
         path = path / "metrics.jsonl"
+        if not path.exists() and path.with_suffix(".jsonl.gz").exists():
+            path = path.with_suffix(".jsonl.gz")
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
     by_step: dict[int, dict] = {}
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
