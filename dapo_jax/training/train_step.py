@@ -271,11 +271,20 @@ def batch_statistics_of(objective, loss_terms) -> tuple[Callable | None, bool]:
 
 
 def statistics_priority(step, shape):
-    """Clip-Cov's per-token draw u ~ U[0, 1) for optimizer update `step` (0 when step is None)."""
+    """Clip-Cov's per-token draw u ~ U[0, 1) for optimizer update `step` (a fixed key when None).
+
+    Drawn in the mini-batch's prompt order `[P_mini, G, T]` (the packed step's layout); for a split
+    shape `[micro_batches, P/m, G, T]` laid out as `_split` lays the prompts out (micro-batch j, row i
+    = prompt i·m + j), so a token's draw does not depend on micro_batches."""
     from dapo_jax.objectives.loss import STATISTICS_KEY
 
     key = jax.random.PRNGKey(STATISTICS_KEY)
-    return jax.random.uniform(key if step is None else jax.random.fold_in(key, step), shape, jnp.float32)
+    key = key if step is None else jax.random.fold_in(key, step)
+    if len(shape) == 4:
+        m, p = shape[:2]
+        u = jax.random.uniform(key, (p * m, *shape[2:]), jnp.float32)
+        return jnp.swapaxes(u.reshape(p, m, *shape[2:]), 0, 1)
+    return jax.random.uniform(key, shape, jnp.float32)
 
 
 def with_pass_values(entropy, pass_entropy):
