@@ -225,6 +225,9 @@ class ObjectiveConfig(BaseModel):
                              f"{self.off_policy_correction!r} (a weight would count the ratio to mu twice)")
         if not self.clip_cov_lb < self.clip_cov_ub:
             raise ValueError(f"clip_cov_lb ({self.clip_cov_lb}) must be < clip_cov_ub ({self.clip_cov_ub})")
+        if self.policy_loss in ("clip_cov", "kl_cov") and self.entropy_driven_advantage:
+            raise ValueError(f"policy_loss={self.policy_loss!r} selects tokens by the covariance of the advantages "
+                             f"taken before the update; entropy_driven_advantage rescales them inside it: turn one off")
         if self.kl_unbiased and not (self.kl_beta > 0 and self.kl_in == "loss"):
             raise ValueError(f"kl_unbiased reweights the KL term of the loss: it needs kl_beta > 0 and "
                              f"kl_in='loss', got kl_beta={self.kl_beta}, kl_in={self.kl_in!r}")

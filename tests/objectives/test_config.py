@@ -34,6 +34,7 @@ def test_defaults_are_dapo():
         (dict(off_policy_correction="token_mask", off_policy_batch_normalize=True), "off_policy_batch_normalize"),
         (dict(off_policy_correction="token_tis", off_policy_bypass=True), "off_policy_bypass"),
         (dict(off_policy_bypass=True), "off_policy_bypass"),
+        (dict(policy_loss="kl_cov", entropy_driven_advantage=True), "entropy_driven_advantage"),
         (dict(loss_agg="mean"), "loss_agg"),
         (dict(kl_estimator="k4"), "kl_estimator"),
         (dict(kl_in="both"), "kl_in"),
