@@ -73,7 +73,8 @@ def np_selection(name, logp, old, a, mask, u, o):
         k = max(int(o["kl_cov_ratio"] * v.sum()), 1)
         return v & (cov >= np.sort(cov[v])[::-1][k - 1])
     r = np.exp(logp - old)
-    cand = v & (cov > o["clip_cov_lb"]) & (cov < o["clip_cov_ub"]) & ~(-a * np.clip(r, 0.8, 1.28) > -a * r)
+    # the clip_cov recipe opens the clip to [1 − 1, 1 + 1] (eps_low = eps_high = 1)
+    cand = v & (cov > o["clip_cov_lb"]) & (cov < o["clip_cov_ub"]) & ~(-a * np.clip(r, 0.0, 2.0) > -a * r)
     n = min(max(int(o["clip_cov_ratio"] * v.sum()), 1), cand.sum())
     sel = np.zeros(mask.shape, bool)
     sel.flat[np.argsort(-np.where(cand, u, -np.inf), axis=None)[:n]] = True
@@ -100,7 +101,7 @@ def test_covariance_selection_is_the_whole_batch_selection(name):
         if name == "kl_cov":
             ell = -adv * r + sel * jnp.abs(x)
         else:
-            ell = jnp.maximum(-adv * r, -adv * jnp.clip(r, 0.8, 1.28)) * (1 - sel)
+            ell = jnp.maximum(-adv * r, -adv * jnp.clip(r, 0.0, 2.0)) * (1 - sel)
         return jnp.sum(ell * batch.response_mask) / jnp.sum(batch.response_mask)
 
     grads = jax.grad(loss)(params)
