@@ -88,8 +88,32 @@ ROWS = (
         "other", ("optim.packing=false",)),
     Row("grpo_process", "GRPO + process supervision", "grpo_process",
         "sparse outcome reward: one reward per running-sum line", "other"),
+    # added since mid-2025 (docs/objectives.md#since-mid-2025)
+    Row("sapo", "SAPO", "sapo", "the hard clip's cliff: a smooth sigmoid gate, colder for negative advantages", "recent"),
+    Row("gmpo", "GMPO", "gmpo", "outlier token ratios: the geometric mean of clipped ratios per response", "recent"),
+    Row("clip_cov", "Clip-Cov", "clip_cov", "entropy collapse: cut the gradient of a few high-covariance tokens",
+        "recent"),
+    Row("kl_cov", "KL-Cov", "kl_cov", "entropy collapse: a KL penalty on the highest-covariance tokens", "recent"),
+    Row("dppo", "DPPO (binary TV)", "dppo", "the ratio clip's poor trust region: mask on a probability change",
+        "recent"),
+    Row("dppo_kl", "DPPO (binary KL)", "dppo_kl", "the same with a KL region on the sampled token", "recent"),
+    Row("grpo_v32", "GRPO (DeepSeek-V3.2)", "grpo_v32",
+        "stale negative samples and k3's gradient: off-policy sequence mask, unbiased KL", "recent"),
+    Row("dapo_geo_mask", "DAPO + geometric mask (bf16 sampler)", "dapo_geo_mask",
+        "sampler/trainer mismatch without the length bias of the ratio product", "recent",
+        ("rollout.sampler_dtype=bfloat16",)),
+    Row("dapo_icepop", "DAPO + IcePop (bf16 sampler)", "dapo_icepop",
+        "sampler/trainer mismatch: the ratio as weight inside [0.5, 5], 0 outside", "recent",
+        ("rollout.sampler_dtype=bfloat16",)),
+    Row("dapo_k3_mask", "DAPO + K3 rejection (bf16 sampler)", "dapo_k3_mask",
+        "sampler/trainer mismatch: drop responses whose KL(mu || pi_old) estimate is large", "recent",
+        ("rollout.sampler_dtype=bfloat16",)),
+    Row("dapo_bypass_geo_mask", "DAPO bypass + geometric mask (bf16 sampler)", "dapo_bypass_geo_mask",
+        "the recomputation pass: the sampler's log-probs as pi_old, a mask on pi_theta / mu", "recent",
+        ("rollout.sampler_dtype=bfloat16",)),
 )
 FAMILIES = {"group": "Group baselines and their normalisations", "ratio": "Ratios, weights and filters",
+            "recent": "Objectives added since mid-2025",
             "other": "Critics, preferences and process rewards"}
 REFERENCE_ROWS = ("grpo", "dapo")  # drawn in every family's figure
 

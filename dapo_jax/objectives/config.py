@@ -17,10 +17,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 AdvantageName = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "batch_norm", "gae",
                         "gdpo_pair", "grpo_process"]
-PolicyLossName = Literal["clipped_surrogate", "gspo", "gspo_token", "cispo"]
+PolicyLossName = Literal["clipped_surrogate", "gspo", "gspo_token", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov",
+                         "dppo_tv", "dppo_kl"]
 AggregationName = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "constant_norm"]
 KLEstimatorName = Literal["k1", "k2", "k3"]
-OffPolicyName = Literal["token_tis", "seq_tis", "token_mask", "seq_mask"]
+OffPolicyName = Literal["token_tis", "seq_tis", "token_mask", "seq_mask", "geo_seq_mask", "icepop", "k3_seq_mask"]
+# corrections that drop tokens or responses from the mask (and the denominator), and those that weight ℓ
+_MASKING_CORRECTIONS = ("token_mask", "seq_mask", "geo_seq_mask", "k3_seq_mask")
+_WEIGHTING_CORRECTIONS = ("token_tis", "seq_tis", "icepop")
 
 # Losses whose ratio clip is PPO's trust region: there, eps_high < eps_low would be "clip-lower".
 # CISPO clips a detached importance weight instead; its usual lower bound is 0 (eps_low = 1).
@@ -68,6 +72,23 @@ class ObjectiveConfig(BaseModel):
         drop the tokens / responses whose ratio is outside [1/C, C]; None = off. Needs the sampler's
         log-probs (`behaviour_logp`) and a recomputed π_old.
       off_policy_cap: C > 1 (default 2).
+      off_policy_cap_low: a lower bound C_low in (0, C) in place of 1/C (masks), or a lower truncation
+        (TIS: clip(·, C_low, C)); None = 1/C for masks, none for TIS. "geo_seq_mask" keeps a response
+        whose geometric-mean ratio is in [C_low, C], "icepop" weights a token by its ratio inside
+        [C_low, C] and 0 outside, "k3_seq_mask" drops a response whose mean K3 exceeds
+        off_policy_k3_threshold (`rollout_mismatch.py`).
+      off_policy_batch_normalize: divide the correction's weights by their mean over the update batch.
+      off_policy_bypass: no recomputed π_old: π_old is the sampler's (rollout.recompute_old_logp=false) and
+        the masks compare the current policy (detached) with μ, re-taken every micro-step (verl's bypass
+        mode). Masking corrections only: a weight on top of a ratio to μ would count it twice.
+      sapo_tau_pos, sapo_tau_neg: SAPO's gate temperatures for A > 0 / A <= 0 (`sapo.py`).
+      clip_cov_ratio, clip_cov_lb, clip_cov_ub: Clip-Cov's fraction r and covariance window (ω_low, ω_high);
+        kl_cov_ratio, kl_cov_coef: KL-Cov's fraction k and β (`covariance.py`).
+      dppo_delta_low, dppo_delta_high, dppo_is_cap: DPPO's region δ for A <= 0 / A > 0 and the cap C on
+        its importance weight (None = none) (`dppo.py`).
+      opsm_delta: DeepSeek-V3.2's off-policy sequence mask δ (drop a negative-advantage response whose
+        mean log(μ/π_θ) exceeds δ); None = off. kl_unbiased: its KL estimate, the estimator times
+        π_θ/π_old (`deepseek_v32.py`).
       gamma, gae_lambda, critic_lambda, lambda_alpha, whiten_advantages, value_clip,
         value_pretrain_steps, nll_coef: the critic family (advantage="gae": PPO, VAPO; docs/objectives.md#critic-ppo-vapo,
         `gae.py`, `nll.py`): discount γ, the policy's GAE λ, the value targets' λ (decoupled GAE),
@@ -121,6 +142,23 @@ class ObjectiveConfig(BaseModel):
     # off-policy correction (docs/objectives.md#off-policy-correction)
     off_policy_correction: OffPolicyName | None = None
     off_policy_cap: float = 2.0
+    off_policy_cap_low: float | None = Field(None, gt=0.0)
+    off_policy_k3_threshold: float = Field(0.01, gt=0.0)
+    off_policy_batch_normalize: bool = False
+    off_policy_bypass: bool = False
+    # the objectives added since mid-2025 (docs/objectives.md#since-mid-2025)
+    sapo_tau_pos: float = Field(1.0, gt=0.0)
+    sapo_tau_neg: float = Field(1.05, gt=0.0)
+    clip_cov_ratio: float = Field(2e-4, gt=0.0, le=1.0)
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = Field(2e-3, gt=0.0, le=1.0)
+    kl_cov_coef: float = Field(1.0, ge=0.0)
+    dppo_delta_low: float = Field(0.15, gt=0.0)
+    dppo_delta_high: float = Field(0.15, gt=0.0)
+    dppo_is_cap: float | None = Field(None, gt=0.0)
+    opsm_delta: float | None = Field(None, ge=0.0)
+    kl_unbiased: bool = False
     # critic (advantage="gae": PPO with GAE, VAPO; docs/objectives.md#critic-ppo-vapo)
     gamma: float = Field(1.0, ge=0.0, le=1.0)
     gae_lambda: float = Field(0.95, ge=0.0, le=1.0)
@@ -160,10 +198,11 @@ class ObjectiveConfig(BaseModel):
         if self.uses_critic and self.multi_reward == "normalize_then_sum":
             raise ValueError("advantage='gae' takes one reward per response: use multi_reward='sum'")
         if self.nll_coef > 0 and (self.high_entropy_quantile is not None
-                                  or self.off_policy_correction in ("token_mask", "seq_mask")):
+                                  or self.off_policy_correction in _MASKING_CORRECTIONS):
             raise ValueError("nll_coef > 0 scales the NLL term by the policy loss's denominator, known before "
                              "the update only when it depends on the mask alone: turn off high_entropy_quantile "
                              "and masking off-policy corrections, or set nll_coef = 0")
+        self._check_since_2025()
         if self.reward_weights is not None and len(self.reward_weights) == 0:
             raise ValueError("reward_weights must be None or non-empty")
         if self.multi_reward == "normalize_then_sum" and self.advantage == "reinforce_pp":
@@ -172,6 +211,26 @@ class ObjectiveConfig(BaseModel):
                 "advantage='reinforce_pp' (token-level returns): use multi_reward='sum'"
             )
         return self
+
+    def _check_since_2025(self) -> None:
+        if self.off_policy_cap_low is not None and not self.off_policy_cap_low < self.off_policy_cap:
+            raise ValueError(f"off_policy_cap_low ({self.off_policy_cap_low}) must be < off_policy_cap "
+                             f"({self.off_policy_cap})")
+        if self.off_policy_batch_normalize and self.off_policy_correction not in _WEIGHTING_CORRECTIONS:
+            raise ValueError(f"off_policy_batch_normalize normalises importance weights: it needs a weighting "
+                             f"off_policy_correction {_WEIGHTING_CORRECTIONS}, got {self.off_policy_correction!r}")
+        if self.off_policy_bypass and self.off_policy_correction not in _MASKING_CORRECTIONS:
+            raise ValueError(f"off_policy_bypass re-takes a mask against the sampler each micro-step: it needs a "
+                             f"masking off_policy_correction {_MASKING_CORRECTIONS}, got "
+                             f"{self.off_policy_correction!r} (a weight would count the ratio to mu twice)")
+        if not self.clip_cov_lb < self.clip_cov_ub:
+            raise ValueError(f"clip_cov_lb ({self.clip_cov_lb}) must be < clip_cov_ub ({self.clip_cov_ub})")
+        if self.policy_loss in ("clip_cov", "kl_cov") and self.entropy_driven_advantage:
+            raise ValueError(f"policy_loss={self.policy_loss!r} selects tokens by the covariance of the advantages "
+                             f"taken before the update; entropy_driven_advantage rescales them inside it: turn one off")
+        if self.kl_unbiased and not (self.kl_beta > 0 and self.kl_in == "loss"):
+            raise ValueError(f"kl_unbiased reweights the KL term of the loss: it needs kl_beta > 0 and "
+                             f"kl_in='loss', got kl_beta={self.kl_beta}, kl_in={self.kl_in!r}")
 
     @property
     def uses_critic(self) -> bool:
@@ -184,7 +243,7 @@ class ObjectiveConfig(BaseModel):
             raise ValueError(f"kind='gdpo' and advantage='gdpo_pair' go together (gdpo.py: the advantage marks "
                              f"each group's pair), got kind={self.kind!r}, advantage={self.advantage!r}")
         if self.kind == "gdpo" and (self.kl_beta > 0 or self.kl_in != "loss" or self.needs_entropy or self.nll_coef
-                                    or self.off_policy_correction is not None):
+                                    or self.off_policy_correction is not None or self.opsm_delta is not None):
             raise ValueError("kind='gdpo' has no KL, entropy, NLL or per-token terms (gdpo_beta is its KL "
                              "regulariser): set kl_beta=0, kl_in='loss', entropy_coef=0, high_entropy_quantile=None, "
                              "nll_coef=0, off_policy_correction=None")
@@ -217,5 +276,10 @@ class ObjectiveConfig(BaseModel):
 
     @property
     def needs_behaviour_logp(self) -> bool:
-        """True when the loss needs the sampler's log-probs log μ (an off-policy correction is on)."""
-        return self.off_policy_correction is not None
+        """True when the loss needs the sampler's log-probs log μ (an off-policy correction or OPSM is on)."""
+        return self.off_policy_correction is not None or self.opsm_delta is not None
+
+    @property
+    def needs_recomputed_old_logp(self) -> bool:
+        """True when the objective compares a recomputed π_old with μ (a correction not in bypass mode)."""
+        return self.off_policy_correction is not None and not self.off_policy_bypass

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from dapo_jax.objectives import diagnostics as diag
 from dapo_jax.objectives.advantages import combine_rewards, to_tokens
 from dapo_jax.objectives.config import ObjectiveConfig
+from dapo_jax.objectives.deepseek_v32 import off_policy_sequence_mask, unbiased_kl
 from dapo_jax.objectives.dynamic_sampling import keep_groups
 from dapo_jax.objectives.entropy_advantage import entropy_driven_advantages
 from dapo_jax.objectives.nll import nll_terms
@@ -29,9 +30,16 @@ from dapo_jax.objectives.registry import (
     KL_ESTIMATORS,
     OBJECTIVE_KINDS,
     OFF_POLICY_CORRECTIONS,
+    OFF_POLICY_OPTIONS,
+    POLICY_LOSS_OPTIONS,
+    POLICY_LOSS_STATISTICS,
     POLICY_LOSSES,
+    options,
 )
+from dapo_jax.objectives.rollout_mismatch import batch_normalize, weight_sum
 from dapo_jax.objectives.shaping import overlong_filter, overlong_penalty
+
+STATISTICS_KEY = 0  # the PRNG key the trainer folds the step number into for Clip-Cov's draw
 
 
 def _check_shape(name: str, x, shape) -> None:
@@ -46,8 +54,43 @@ def token_kl(cfg: ObjectiveConfig, logp, ref_logp):
     return KL_ESTIMATORS[cfg.kl_estimator](logp, ref_logp, clamp=cfg.kl_clamp)
 
 
+def needs_batch_statistics(cfg: ObjectiveConfig) -> bool:
+    """True when the objective takes statistics over the whole update batch (`batch_statistics`)."""
+    return cfg.policy_loss in POLICY_LOSS_STATISTICS or cfg.off_policy_batch_normalize
+
+
+def needs_policy_pass(cfg: ObjectiveConfig) -> bool:
+    """True when those statistics read the current policy's log-probs (Clip-Cov, KL-Cov): the trainer
+    then runs a no-gradient pass over the update batch and hands each micro-batch the pass's log-probs
+    and the per-token draw `priority`."""
+    return cfg.policy_loss in POLICY_LOSS_STATISTICS
+
+
+def batch_statistics(cfg: ObjectiveConfig, *, logp, old_logp, advantages, mask, behaviour_logp=None,
+                     priority=None) -> dict:
+    """The objective's statistics over a whole update batch, as keyword arguments of `objective_terms`.
+
+    Any leading shape (the trainer passes [micro_batches, P/m, G, T]); advantages broadcast to tokens.
+    policy_stats: Clip-Cov / KL-Cov's `covariance.CovarianceStats` (needs logp and, for Clip-Cov, the
+    draw `priority` u ~ U[0, 1) per token); weight_total: (Σ w·m, Σ m) of the correction's weights for
+    `off_policy_batch_normalize`. Passing them makes the loss independent of micro-batching and the mesh.
+    """
+    out = {}
+    m = jnp.asarray(mask, jnp.float32)
+    if cfg.policy_loss in POLICY_LOSS_STATISTICS:
+        out["policy_stats"] = POLICY_LOSS_STATISTICS[cfg.policy_loss](
+            jax.lax.stop_gradient(logp), old_logp, advantages, m, priority=priority, eps_low=cfg.eps_low,
+            eps_high=cfg.eps_high, **options(cfg, POLICY_LOSS_OPTIONS, cfg.policy_loss))
+    if cfg.off_policy_batch_normalize:
+        corr = OFF_POLICY_CORRECTIONS[cfg.off_policy_correction](
+            old_logp, behaviour_logp, m, **options(cfg, OFF_POLICY_OPTIONS, cfg.off_policy_correction))
+        out["weight_total"] = weight_sum(corr.weight, m)
+    return out
+
+
 def objective_terms(cfg: ObjectiveConfig, *, logp, old_logp, advantages, mask, ref_logp=None, entropy=None,
-                    entropy_threshold=None, behaviour_logp=None, nll_weight=None, entropy_norm=None):
+                    entropy_threshold=None, behaviour_logp=None, nll_weight=None, entropy_norm=None,
+                    policy_stats=None, priority=None, weight_total=None):
     """The loss of one (micro-)batch as an additive pair, plus additive metrics.
 
     Args:
@@ -69,6 +112,8 @@ def objective_terms(cfg: ObjectiveConfig, *, logp, old_logp, advantages, mask, r
         cfg.entropy_driven_advantage (the advantages become A·N/P̄, P̄ = the response's mean entropy).
       nll_weight: [P, G, T] VAPO's positive-example NLL weights (`nll.nll_weights`, constant); required
         only when cfg.nll_coef > 0: adds Σ -logp·w to loss_sum (metric `nll`).
+      policy_stats, priority, weight_total: the whole update batch's statistics (`batch_statistics`;
+        priority [P, G, T] is Clip-Cov's draw); None = taken over this batch.
 
     Returns:
       (loss_sum, denominator, metrics): float32 scalars with loss = Σ loss_sum / Σ den over micro-batches;
@@ -101,16 +146,27 @@ def objective_terms(cfg: ObjectiveConfig, *, logp, old_logp, advantages, mask, r
             raise ValueError("entropy is required: entropy_driven_advantage=True")
         adv = entropy_driven_advantages(adv, entropy, m, normaliser=entropy_norm)
 
-    pg, ratio = POLICY_LOSSES[cfg.policy_loss](
-        logp, old_logp, adv, m, eps_low=cfg.eps_low, eps_high=cfg.eps_high, dual_clip_c=cfg.dual_clip_c
+    extra = options(cfg, POLICY_LOSS_OPTIONS, cfg.policy_loss)
+    if cfg.policy_loss in POLICY_LOSS_STATISTICS:
+        extra.update(stats=policy_stats, priority=priority)
+    pg, ratio, *own = POLICY_LOSSES[cfg.policy_loss](
+        logp, old_logp, adv, m, eps_low=cfg.eps_low, eps_high=cfg.eps_high, dual_clip_c=cfg.dual_clip_c, **extra
     )
+    metrics = dict(own[0]) if own else {}  # the newer losses' own diagnostics (gated / masked fractions)
+    if cfg.opsm_delta is not None:  # DeepSeek-V3.2: the policy term of far-drifted negative responses is dropped
+        sampler = old_logp if behaviour_logp is None else jax.lax.stop_gradient(behaviour_logp)
+        keep, opsm_metrics = off_policy_sequence_mask(logp, sampler, adv, m, delta=cfg.opsm_delta)
+        pg = pg * keep
+        metrics.update(opsm_metrics)
     loss = pg
-    metrics = {"policy_loss": diag.masked_sum_count(pg, m)}
+    metrics["policy_loss"] = diag.masked_sum_count(pg, m)
 
     if cfg.kl_beta > 0 and cfg.kl_in == "loss":
         if ref_logp is None:
             raise ValueError(f"ref_logp is required: kl_beta={cfg.kl_beta} with kl_in='loss'")
         kl = token_kl(cfg, logp, jax.lax.stop_gradient(ref_logp))
+        if cfg.kl_unbiased:  # DeepSeek-V3.2's Eq. 7: the estimator times π_θ/π_old, gradient through both
+            kl = unbiased_kl(kl, logp, old_logp)
         loss = loss + cfg.kl_beta * kl
         metrics["kl"] = diag.masked_sum_count(kl, m)
 
@@ -132,8 +188,12 @@ def objective_terms(cfg: ObjectiveConfig, *, logp, old_logp, advantages, mask, r
         if behaviour_logp is None:
             raise ValueError(f"behaviour_logp (the sampler's log μ) is required: "
                              f"off_policy_correction={cfg.off_policy_correction!r}")
+        # bypass: no recomputed π_old, so the masks compare the current policy with μ (verl's bypass mode)
+        base = jax.lax.stop_gradient(jnp.asarray(logp, jnp.float32)) if cfg.off_policy_bypass else old_logp
         corr = OFF_POLICY_CORRECTIONS[cfg.off_policy_correction](
-            old_logp, jax.lax.stop_gradient(behaviour_logp), m, cap=cfg.off_policy_cap)
+            base, jax.lax.stop_gradient(behaviour_logp), m, **options(cfg, OFF_POLICY_OPTIONS, cfg.off_policy_correction))
+        if cfg.off_policy_batch_normalize:
+            corr = batch_normalize(corr, m, total=weight_total)
         loss = loss * jax.lax.stop_gradient(corr.weight)
         train_mask = train_mask * corr.keep
         metrics.update(corr.metrics)

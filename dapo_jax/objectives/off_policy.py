@@ -12,6 +12,9 @@ the sampled tokens, and `behaviour = log μ` is what the sampler reported. With 
     token_mask  keep_t = [1/C ≤ exp(δ_t) ≤ C]              (verl rollout_corr / IcePop token masking)
     seq_mask    keep   = [1/C ≤ exp(Σ_t m·δ_t) ≤ C]        whole responses
 
+A separate lower bound `cap_low` replaces 1/C (masks) or adds a lower truncation (TIS: clip(·, C_low, C)).
+`rollout_mismatch.py` adds the geometric-mean sequence mask, IcePop and K3 rejection.
+
 Truncated importance sampling (TIS) keeps every token and caps the weight; masking drops the tokens
 (or responses) whose ratio leaves `[1/C, C]` from the loss AND from the aggregation's denominator
 (the trainer multiplies its training mask by `keep`). Weights and masks are constants: no gradient
@@ -61,6 +64,15 @@ def _check_cap(cap) -> float:
     return math.log(cap)
 
 
+def _log_low(cap_low, log_cap, default):
+    """log C_low: `default` when cap_low is None, else log(cap_low), which must lie below C."""
+    if cap_low is None:
+        return default
+    if not 0 < cap_low < math.exp(log_cap):
+        raise ValueError(f"the off-policy lower bound must lie in (0, C), got cap_low={cap_low}, C={math.exp(log_cap)}")
+    return math.log(cap_low)
+
+
 def _metrics(log_ratio, units, keep_units, capped_units):
     """Pairs over `units` (a [P, G, T] token mask or a [P, G] response mask): the ratio's mean, min,
     max (its log clamped to ±20 so exp stays finite), the dropped and the above-cap fractions."""
@@ -81,41 +93,48 @@ def _sequence(old_logp, behaviour_logp, mask):
     return m, s, nonempty
 
 
-def token_tis(old_logp, behaviour_logp, mask, *, cap=2.0):
-    """Token-level truncated importance sampling: `w_t = sg(min(exp(δ_t), C))`."""
+def token_tis(old_logp, behaviour_logp, mask, *, cap=2.0, cap_low=None):
+    """Token-level truncated importance sampling: `w_t = sg(min(exp(δ_t), C))`; with `cap_low` the
+    truncation is two-sided, `clip(exp(δ_t), C_low, C)` (TRL's token_truncate)."""
     log_cap = _check_cap(cap)
+    log_low = _log_low(cap_low, log_cap, -jnp.inf)
     m = _f32(mask)
     d = jax.lax.stop_gradient(token_log_ratio(old_logp, behaviour_logp, m))
-    weight = jnp.exp(jnp.minimum(d, log_cap))  # = min(exp(δ), C) without overflow
+    weight = jnp.exp(jnp.clip(d, log_low, log_cap))  # = clip(exp(δ), C_low, C) without overflow
     ones = jnp.ones_like(m)
     return Correction(weight, ones, _metrics(d, m, ones, (d > log_cap).astype(jnp.float32)))
 
 
-def seq_tis(old_logp, behaviour_logp, mask, *, cap=2.0):
-    """Sequence-level TIS: `w = sg(min(exp(Σ_t m·δ_t), C))`, one weight for every token of a response."""
+def seq_tis(old_logp, behaviour_logp, mask, *, cap=2.0, cap_low=None):
+    """Sequence-level TIS: `w = sg(min(exp(Σ_t m·δ_t), C))`, one weight for every token of a response
+    (`clip(·, C_low, C)` with `cap_low`)."""
     log_cap = _check_cap(cap)
+    log_low = _log_low(cap_low, log_cap, -jnp.inf)
     m, s, nonempty = _sequence(old_logp, behaviour_logp, mask)
     s = jax.lax.stop_gradient(s)
-    weight = jnp.broadcast_to(jnp.exp(jnp.minimum(s, log_cap))[..., None], m.shape)
+    weight = jnp.broadcast_to(jnp.exp(jnp.clip(s, log_low, log_cap))[..., None], m.shape)
     return Correction(weight, jnp.ones_like(m),
                       _metrics(s, nonempty, jnp.ones_like(s), (s > log_cap).astype(jnp.float32)))
 
 
-def token_mask(old_logp, behaviour_logp, mask, *, cap=2.0):
-    """Token masking: keep the tokens with `1/C ≤ exp(δ_t) ≤ C`; the others leave loss and denominator."""
+def token_mask(old_logp, behaviour_logp, mask, *, cap=2.0, cap_low=None):
+    """Token masking: keep the tokens with `C_low ≤ exp(δ_t) ≤ C` (C_low = 1/C unless `cap_low`); the
+    others leave loss and denominator."""
     log_cap = _check_cap(cap)
+    log_low = _log_low(cap_low, log_cap, -log_cap)
     m = _f32(mask)
     d = jax.lax.stop_gradient(token_log_ratio(old_logp, behaviour_logp, m))
-    keep = (jnp.abs(d) <= log_cap).astype(jnp.float32)
+    keep = ((d >= log_low) & (d <= log_cap)).astype(jnp.float32)
     return Correction(jnp.ones_like(m), keep, _metrics(d, m, keep, (d > log_cap).astype(jnp.float32)))
 
 
-def seq_mask(old_logp, behaviour_logp, mask, *, cap=2.0):
-    """Sequence masking: keep the responses with `1/C ≤ exp(Σ_t m·δ_t) ≤ C`, drop the others whole."""
+def seq_mask(old_logp, behaviour_logp, mask, *, cap=2.0, cap_low=None):
+    """Sequence masking: keep the responses with `C_low ≤ exp(Σ_t m·δ_t) ≤ C`, drop the others whole."""
     log_cap = _check_cap(cap)
+    log_low = _log_low(cap_low, log_cap, -log_cap)
     m, s, nonempty = _sequence(old_logp, behaviour_logp, mask)
     s = jax.lax.stop_gradient(s)
-    keep = (jnp.abs(s) <= log_cap).astype(jnp.float32)
+    keep = ((s >= log_low) & (s <= log_cap)).astype(jnp.float32)
     return Correction(jnp.ones_like(m), jnp.broadcast_to(keep[..., None], m.shape),
                       _metrics(s, nonempty, keep, (s > log_cap).astype(jnp.float32)))
 

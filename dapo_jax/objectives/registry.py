@@ -12,7 +12,7 @@ import pydantic
 import yaml
 
 from dapo_jax.objectives import advantages, aggregation, gae, kl, off_policy, policy_loss
-from dapo_jax.objectives import gdpo, process
+from dapo_jax.objectives import covariance, dppo, gdpo, gmpo, process, rollout_mismatch, sapo
 from dapo_jax.objectives.config import ObjectiveConfig
 
 ADVANTAGES = {
@@ -31,6 +31,27 @@ POLICY_LOSSES = {
     "gspo": policy_loss.gspo,
     "gspo_token": policy_loss.gspo_token,
     "cispo": policy_loss.cispo,
+    # since mid-2025: these also return their own diagnostics, (loss, ratio, metrics)
+    "sapo": sapo.sapo,
+    "gmpo": gmpo.gmpo,
+    "clip_cov": covariance.clip_cov,
+    "kl_cov": covariance.kl_cov,
+    "dppo_tv": dppo.dppo_tv,
+    "dppo_kl": dppo.dppo_kl,
+}
+# policy loss -> {its keyword option: the ObjectiveConfig field that sets it}, beyond the shared ones
+POLICY_LOSS_OPTIONS = {
+    "sapo": {"tau_pos": "sapo_tau_pos", "tau_neg": "sapo_tau_neg"},
+    "clip_cov": {"ratio": "clip_cov_ratio", "lb": "clip_cov_lb", "ub": "clip_cov_ub"},
+    "kl_cov": {"ratio": "kl_cov_ratio", "coef": "kl_cov_coef"},
+    "dppo_tv": {"delta_low": "dppo_delta_low", "delta_high": "dppo_delta_high", "is_cap": "dppo_is_cap"},
+    "dppo_kl": {"delta_low": "dppo_delta_low", "delta_high": "dppo_delta_high", "is_cap": "dppo_is_cap"},
+}
+# policy losses that select tokens over the whole update batch: name -> the statistics function the
+# trainer runs on a no-gradient pass (same options), whose result the loss takes as `stats=`
+POLICY_LOSS_STATISTICS = {
+    "clip_cov": covariance.clip_cov_statistics,
+    "kl_cov": covariance.kl_cov_statistics,
 }
 KL_ESTIMATORS = {"k1": kl.k1, "k2": kl.k2, "k3": kl.k3}
 # ObjectiveConfig.kind -> an objective of its own, called in place of the per-token policy-gradient
@@ -47,7 +68,19 @@ OFF_POLICY_CORRECTIONS = {
     "seq_tis": off_policy.seq_tis,
     "token_mask": off_policy.token_mask,
     "seq_mask": off_policy.seq_mask,
+    "geo_seq_mask": rollout_mismatch.geo_seq_mask,
+    "icepop": rollout_mismatch.icepop,
+    "k3_seq_mask": rollout_mismatch.k3_seq_mask,
 }
+_BAND = {"cap": "off_policy_cap", "cap_low": "off_policy_cap_low"}
+# correction -> {its keyword option: the ObjectiveConfig field that sets it}
+OFF_POLICY_OPTIONS = {name: _BAND for name in OFF_POLICY_CORRECTIONS} | {
+    "k3_seq_mask": {"k3_threshold": "off_policy_k3_threshold"}}
+
+
+def options(cfg: ObjectiveConfig, table: dict, name: str) -> dict:
+    """The keyword options `table[name]` names, read from `cfg` ({} for a name with none)."""
+    return {kw: getattr(cfg, field) for kw, field in table.get(name, {}).items()}
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "objectives"  # packaged with the code
 

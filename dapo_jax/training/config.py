@@ -378,7 +378,7 @@ class RunConfig(_Section):
         if r.continuous and m.distributed is not None and m.distributed.num_processes != 1:
             raise _KeyedError("rollout.continuous", "not in a multi-process run (mesh.distributed): each process's "
                               "host would decide its own refills, from its own finished groups")
-        if objective.off_policy_correction is not None and r.recompute_old_logp is False:
+        if objective.needs_recomputed_old_logp and r.recompute_old_logp is False:
             raise _KeyedError("rollout.recompute_old_logp",
                               f"objective.off_policy_correction={objective.off_policy_correction!r} compares the "
                               f"trainer's log pi_old with the sampler's log mu; with recompute_old_logp=false they "
@@ -440,9 +440,13 @@ class RunConfig(_Section):
         in different dtypes or an off-policy correction needs π_old apart from μ (`off_policy.recompute_old_logp`)."""
         from dapo_jax.objectives.off_policy import recompute_old_logp
 
+        objective = self.objective_config
+        if objective.off_policy_bypass and self.rollout.recompute_old_logp is None:
+            return False  # bypass mode: π_old is the sampler's (objectives/config.py)
         return recompute_old_logp(self.rollout.recompute_old_logp, sampler_dtype=self.sampler_dtype,
                                   trainer_dtype=self.model.dtype,
-                                  correction=self.objective_config.off_policy_correction)
+                                  correction=objective.off_policy_correction if objective.needs_recomputed_old_logp
+                                  else None)
 
     @property
     def critic_optim(self) -> CriticSection:

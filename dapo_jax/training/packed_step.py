@@ -20,8 +20,9 @@ groups. Every aggregation's `(loss_sum, den)` is a sum over responses (token_mea
 seq_mean_*: non-empty responses; Dr. GRPO: non-empty responses · T_max) and every group statistic
 is either computed before the update (advantages) or inside one group, which a chunk holds whole,
 so Σ_chunks equals the unpacked mini-batch's sums; the batch-level entropy statistics (high-entropy
-quantile, EDGE-GRPO's normaliser) come from the same unpacked no-gradient pass as `train_step`'s, and
-so do the entropies every chunk's objective compares with them (`train_step.with_pass_values`).
+quantile, EDGE-GRPO's normaliser, Clip-Cov / KL-Cov's covariance statistics) come from the same unpacked
+no-gradient pass as `train_step`'s, and so do the entropies and log-probs every chunk's objective compares
+with them (`train_step.with_pass_values`).
 Sequences whose response mask is all zero carry no loss and are not computed at all.
 """
 
@@ -38,8 +39,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from dapo_jax.data.packing import pack_with_tail, tail_heights
 from dapo_jax.objectives.diagnostics import combine_metrics
 from dapo_jax.parallel.mesh import committed, jit_keeping_layout
-from dapo_jax.training.train_step import (Batch, TrainState, _joined, apply_accumulated, policy_logprobs, step_metrics,
-                                         with_pass_values)
+from dapo_jax.training.train_step import (Batch, TrainState, _joined, apply_accumulated, batch_statistics_of,
+                                         policy_logprobs, statistics_priority, step_metrics, with_pass_values)
 
 
 def packed_logprobs(model, tokens, segment_ids, positions, targets, *, temperature, branch_ids=None):
@@ -81,17 +82,22 @@ def make_packed_train_step(
     put = put or jnp.asarray
     quantile = getattr(objective, "high_entropy_quantile", None)
     eda = bool(getattr(objective, "entropy_driven_advantage", False))
+    stats_fn, policy_pass = batch_statistics_of(objective, loss_terms)
 
     def chunk_loss(params, mini: Batch, chunk, stats, frozen=None):
-        stats, pass_entropy = stats  # the statistics and the entropies `[P, G, T]` of the no-gradient pass
+        stats, pass_values = stats  # the statistics and the per-token values `[P, G, T]` of the no-gradient pass
+        pass_values = pass_values or {}
         tokens, segs, pos, targets, branches, index, valid, groups = chunk
         model = nnx.merge(graphdef, frozen, params) if frozen is not None else nnx.merge(graphdef, params)
         logp, entropy = packed_logprobs(model, tokens, segs, pos, targets, temperature=temperature,
                                         branch_ids=branches if share_prompts else None)  # splash takes none
         logp = jnp.where(valid, logp.reshape(-1)[index], 0.0)
-        entropy = with_pass_values(jnp.where(valid, entropy.reshape(-1)[index], 0.0), pass_entropy)
+        entropy = with_pass_values(jnp.where(valid, entropy.reshape(-1)[index], 0.0), pass_values.get("entropy"))
+        logp = with_pass_values(logp, pass_values.get("logp"))  # Clip-Cov / KL-Cov: the pass's values
         mask = mini.response_mask * groups[:, None, None].astype(mini.response_mask.dtype)
         extra_terms = dict(stats)
+        if "priority" in pass_values:
+            extra_terms["priority"] = pass_values["priority"]
         if mini.behaviour_logp is not None:
             extra_terms["behaviour_logp"] = mini.behaviour_logp
         if mini.nll_weight is not None:
@@ -117,24 +123,34 @@ def make_packed_train_step(
     accumulate = jit_keeping_layout(add_chunk, donate_argnums=0)
 
     @jax.jit
-    def start(params, mini: Batch, frozen):
-        """The mini-batch's batch-level entropy statistics (as train_step's, unpacked) and the entropies
-        `[P, G, T]` they were taken from (None when not needed)."""
-        stats, entropy = {}, None
-        if quantile is not None or eda:
+    def start(params, mini: Batch, frozen, step=None):
+        """The mini-batch's batch-level statistics (as train_step's, unpacked) and the per-token values
+        `[P, G, T]` they were taken from (entropy, logp, priority; None when not needed)."""
+        stats, values = {}, None
+        if stats_fn is not None and not policy_pass:
+            stats.update(stats_fn(objective, logp=None, old_logp=mini.old_logp, advantages=mini.advantages,
+                                  mask=mini.response_mask, behaviour_logp=mini.behaviour_logp))
+        if quantile is not None or eda or policy_pass:
             from dapo_jax.objectives.entropy_advantage import entropy_normaliser
             from dapo_jax.objectives.policy_loss import high_entropy_threshold
 
             p = mini.response_ids.shape[0]
             split = jax.tree.map(lambda x: x.reshape(micro_batches, p // micro_batches, *x.shape[1:]), mini)
-            entropy = jax.lax.stop_gradient(jax.lax.map(lambda mb: policy_logprobs(
-                graphdef, _joined(frozen, params), mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
-                temperature=temperature)[1], split)).reshape(mini.response_mask.shape)
+            logp, entropy = jax.tree.map(lambda x: x.reshape(mini.response_mask.shape), jax.lax.stop_gradient(
+                jax.lax.map(lambda mb: policy_logprobs(
+                    graphdef, _joined(frozen, params), mb.prompt_ids, mb.prompt_mask, mb.response_ids,
+                    mb.response_mask, temperature=temperature), split)))
+            values = {"entropy": entropy}
             if quantile is not None:
                 stats["entropy_threshold"] = high_entropy_threshold(entropy, mini.response_mask, quantile=quantile)
             if eda:
                 stats["entropy_norm"] = entropy_normaliser(entropy, mini.response_mask)
-        return stats, entropy
+            if policy_pass:
+                values["logp"], values["priority"] = logp, statistics_priority(step, logp.shape)
+                stats.update(stats_fn(objective, logp=logp, old_logp=mini.old_logp, advantages=mini.advantages,
+                                      mask=mini.response_mask, behaviour_logp=mini.behaviour_logp,
+                                      priority=values["priority"]))
+        return stats, values
 
     zeros = []
 
@@ -178,7 +194,7 @@ def make_packed_train_step(
             mini = select(batch, put(idx.astype(np.int32)))
             chunks = pack_with_tail(*(x[idx] for x in host), rows=rows, tail_rows=tail, length=length,
                                     share_prompts=share_prompts)
-            stats = start(carry[0], mini, frozen)
+            stats = start(carry[0], mini, frozen, carry[2])
             for r in ({rows, *tail_heights(rows, tail)} - {c.tokens.shape[0] for c in chunks}) if first_call else ():
                 # every chunk shape compiles at the first step, used or not, with each mini-batch's parameter
                 # layout (the first mini-batch's come from the caller, the next from `apply`)
@@ -211,7 +227,7 @@ def make_packed_train_step(
                                           chunk_rows, tail_rows, row_length, row_multiple)
         idx = put(minibatch_prompts(p, num_minibatches, micro_batches)[0].astype(np.int32))
         mini = compiled_outputs(select, batch, idx)
-        stats = compiled_outputs(start, state.params, mini, frozen)
+        stats = compiled_outputs(start, state.params, mini, frozen, state.step)
         zero_acc(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state.params),
                  mini, tuple(put(x) for x in _empty_chunk(rows, length, mini.response_ids.shape)), stats, frozen)
         acc = compiled_outputs(zeros[0], state.params)  # zero_acc's program, as it lays the accumulator out

@@ -24,6 +24,9 @@ differ from the first pass's in the last bit, and tied entropies (the G response
 their first token's context) would then fall on either side of a threshold they define. The
 objective sees `h_pass + (h - stop_gradient(h))`: the pass's values exactly, the gradient pass's
 derivative (for an entropy bonus), so the kept tokens do not depend on `micro_batches` or the mesh.
+Objectives that select tokens over the whole batch by the current policy (Clip-Cov, KL-Cov:
+`objectives.loss.batch_statistics`) take their statistics from the same pass, and see its log-probs the
+same way, with a per-token draw u ~ U[0, 1) from the step number (so a resumed run draws the same).
 """
 
 from __future__ import annotations
@@ -167,14 +170,19 @@ def make_train_step(
 
     quantile = getattr(objective, "high_entropy_quantile", None)
     eda = bool(getattr(objective, "entropy_driven_advantage", False))
+    stats_fn, policy_pass = batch_statistics_of(objective, loss_terms)
 
-    def micro_loss(params, mb: Batch, entropy_stats, frozen=None, pass_entropy=None):
+    def micro_loss(params, mb: Batch, entropy_stats, frozen=None, pass_values=None):
         logp, entropy = policy_logprobs(
             graphdef, _joined(frozen, params), mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
             temperature=temperature,
         )
-        entropy = with_pass_values(entropy, pass_entropy)
-        extra_terms = dict(entropy_stats)  # the batch-level entropy statistics the objective uses, if any
+        pass_values = pass_values or {}
+        entropy = with_pass_values(entropy, pass_values.get("entropy"))
+        logp = with_pass_values(logp, pass_values.get("logp"))
+        extra_terms = dict(entropy_stats)  # the batch-level statistics the objective uses, if any
+        if "priority" in pass_values:
+            extra_terms["priority"] = pass_values["priority"]
         if mb.behaviour_logp is not None:
             extra_terms["behaviour_logp"] = mb.behaviour_logp
         if mb.nll_weight is not None:
@@ -189,30 +197,40 @@ def make_train_step(
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
-    def entropy_stats(params, mini: Batch, frozen=None):
-        """Batch-level entropy statistics over every valid token of the mini-batch (all its
-        micro-batches, and all devices under jit's sharding): the high-entropy mask's quantile and
-        EDGE-GRPO's normaliser N, and the entropies `[micro_batches, P/m, G, T]` they were taken from
-        (None when not needed). One extra forward pass, without gradient, so the kept tokens and the
-        scaled advantages do not depend on `micro_batches` or the mesh (module docstring)."""
-        if quantile is None and not eda:
-            return {}, None
+    def entropy_stats(params, mini: Batch, frozen=None, step=None):
+        """Batch-level statistics over every valid token of the mini-batch (all its micro-batches, and
+        all devices under jit's sharding): the high-entropy mask's quantile, EDGE-GRPO's normaliser N,
+        the objective's own (`batch_statistics`), and the per-token values `[micro_batches, P/m, G, T]`
+        they were taken from (entropy, logp, priority; None when no pass is needed). One extra forward
+        pass, without gradient, so the kept tokens and the scaled advantages do not depend on
+        `micro_batches` or the mesh (module docstring)."""
+        stats = {}
+        if stats_fn is not None and not policy_pass:  # from the batch alone (normalised IS weights)
+            stats.update(stats_fn(objective, logp=None, old_logp=mini.old_logp, advantages=mini.advantages,
+                                  mask=mini.response_mask, behaviour_logp=mini.behaviour_logp))
+        if quantile is None and not eda and not policy_pass:
+            return stats, None
         from dapo_jax.objectives.entropy_advantage import entropy_normaliser
         from dapo_jax.objectives.policy_loss import high_entropy_threshold
 
-        entropy = jax.lax.stop_gradient(jax.lax.map(lambda mb: policy_logprobs(
+        logp, entropy = jax.lax.stop_gradient(jax.lax.map(lambda mb: policy_logprobs(
             graphdef, _joined(frozen, params), mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
-            temperature=temperature)[1], mini))
-        stats = {}
+            temperature=temperature), mini))
+        values = {"entropy": entropy}
         if quantile is not None:
             stats["entropy_threshold"] = high_entropy_threshold(entropy, mini.response_mask, quantile=quantile)
         if eda:
             stats["entropy_norm"] = entropy_normaliser(entropy, mini.response_mask)
-        return stats, entropy
+        if policy_pass:
+            values["logp"], values["priority"] = logp, statistics_priority(step, logp.shape)
+            stats.update(stats_fn(objective, logp=logp, old_logp=mini.old_logp, advantages=mini.advantages,
+                                  mask=mini.response_mask, behaviour_logp=mini.behaviour_logp,
+                                  priority=values["priority"]))
+        return stats, values
 
     def minibatch_update(carry, mini: Batch, frozen=None):
         params = carry[0]
-        stats, pass_entropy = entropy_stats(params, mini, frozen)
+        stats, pass_values = entropy_stats(params, mini, frozen, carry[2])
 
         def accumulate(acc, xs):
             mb, h = xs
@@ -226,7 +244,7 @@ def make_train_step(
             jnp.zeros((), jnp.float32),
             {"entropy_sum": jnp.zeros((), jnp.float32), "tokens": jnp.zeros((), jnp.float32)},
         )
-        (gsum, loss_sum, den, extra), metrics = jax.lax.scan(accumulate, zeros, (mini, pass_entropy))
+        (gsum, loss_sum, den, extra), metrics = jax.lax.scan(accumulate, zeros, (mini, pass_values))
         return apply_accumulated(tx, schedule, carry, gsum, loss_sum, den, extra, combine_stacked(metrics))
 
     def step_fn(state: TrainState, batch: Batch, frozen=None):
@@ -238,6 +256,35 @@ def make_train_step(
     from dapo_jax.parallel.mesh import jit_keeping_layout
 
     return jit_keeping_layout(step_fn, donate_argnums=0)  # the state keeps its layout: nothing recompiles
+
+
+def batch_statistics_of(objective, loss_terms) -> tuple[Callable | None, bool]:
+    """(the objective's batch-statistics function or None, whether it needs a policy pass), for the
+    default `objective_terms` only (a custom `loss_terms` takes no statistics)."""
+    from dapo_jax.objectives import loss
+
+    if loss_terms is not loss.objective_terms or not isinstance(objective, loss.ObjectiveConfig):
+        return None, False
+    if not loss.needs_batch_statistics(objective):
+        return None, False
+    return loss.batch_statistics, loss.needs_policy_pass(objective)
+
+
+def statistics_priority(step, shape):
+    """Clip-Cov's per-token draw u ~ U[0, 1) for optimizer update `step` (a fixed key when None).
+
+    Drawn in the mini-batch's prompt order `[P_mini, G, T]` (the packed step's layout); for a split
+    shape `[micro_batches, P/m, G, T]` laid out as `_split` lays the prompts out (micro-batch j, row i
+    = prompt i·m + j), so a token's draw does not depend on micro_batches."""
+    from dapo_jax.objectives.loss import STATISTICS_KEY
+
+    key = jax.random.PRNGKey(STATISTICS_KEY)
+    key = key if step is None else jax.random.fold_in(key, step)
+    if len(shape) == 4:
+        m, p = shape[:2]
+        u = jax.random.uniform(key, (p * m, *shape[2:]), jnp.float32)
+        return jnp.swapaxes(u.reshape(p, m, *shape[2:]), 0, 1)
+    return jax.random.uniform(key, shape, jnp.float32)
 
 
 def with_pass_values(entropy, pass_entropy):

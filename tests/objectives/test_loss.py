@@ -287,7 +287,9 @@ def test_every_recipe_runs_under_jit():
             adv = compute_advantages(cfg, rewards, b["mask"], kl=kl)
         s, d, _ = terms_jit(cfg, logp=b["logp"], old_logp=b["old_logp"], advantages=adv, mask=b["mask"],
                             ref_logp=b["ref_logp"] if cfg.needs_reference else None,
-                            behaviour_logp=b["ref_logp"] if cfg.needs_behaviour_logp else None,
+                            # μ near π_old (near π_θ in bypass mode): the narrow sequence masks keep some responses
+                            behaviour_logp=(b["logp"] if cfg.off_policy_bypass else b["old_logp"] + 1e-3 * b["ref_logp"])
+                            if cfg.needs_behaviour_logp else None,
                             entropy=b["entropy"] if cfg.needs_entropy else None,
                             **({"nll_weight": b["mask"] * 0.1} if cfg.nll_coef > 0 else {}))
         assert np.isfinite(float(s)) and float(d) > 0, name
