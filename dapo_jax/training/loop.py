@@ -141,7 +141,7 @@ def train(cfg: RunConfig) -> dict:
             ahead.wait()  # every program step 1 ran is compiled: nothing compiles after it (a no-op after)
             rollout_log.write(step, out.groups, out.advantages)
             last = writer.write(step, step_row(out, run, stream, scorer))
-            progress.update(out, run)
+            progress.update(out, run, last)
             monitor.update(step, float(out.metrics.get("nonfinite_updates", 0.0)))
             if boundary.should_stop(step):
                 checkpoint(state, run)
