@@ -183,7 +183,7 @@ class CustomReward:
         self._var_kw, self._named = _accepts(sig)
         probe = {"sample": ("r", "t"), "batch": ([], []), "trl": ([], [])}[self.form]
         try:
-            sig.bind(*probe)
+            sig.bind_partial(*probe)  # the other parameters may be columns of the row: the dry call tells
         except TypeError as e:
             raise CustomRewardError(f"{self.name!r}: a {self.form!r} function is called as "
                                     f"{self._shape()}, and {getattr(self.fn, '__name__', 'fn')}{sig} cannot be ({e})"
