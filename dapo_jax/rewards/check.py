@@ -111,9 +111,9 @@ def _gsm8k_answer(response: str, flexible: bool) -> str | None:
     """``#### N``; else, when an ``<answer>`` tag comes after the last ``####``, the number in the tag;
     else (``flexible``) the last number of the response."""
     answer = extract.extract_gsm8k(response)
-    tag = extract.latest_answer(response, None, response.rfind("####"))
-    if tag is not None:
-        answer = extract.extract_gsm8k(tag) or extract.extract_last_number(tag)
+    latest = extract.latest_answer(response, answer, response.rfind("####") if answer is not None else -1)
+    if latest is not answer:  # the <answer> tag's text: its number
+        answer = extract.extract_gsm8k(latest) or extract.extract_last_number(latest)
     if answer is None and flexible:
         answer = extract.extract_last_number(response)
     return answer
