@@ -6,7 +6,7 @@
 | ``dapo`` | DAPO's instruction around the problem (asks for a last line ``Answer: $Answer``) |
 | ``chat`` | the tokenizer's chat template over one user message holding the problem |
 | ``dapo_chat`` | the chat template over the DAPO instruction (what the DAPO recipe feeds a chat model) |
-| ``r1_zero`` | DeepSeek-R1-Zero's plain-text conversation: reason in ``<think>``, answer in ``<answer>``; ends ``Assistant:`` |
+| ``r1_zero`` | R1-Zero's plain-text conversation: think in ``<think>``, answer in ``<answer>``; ends ``Assistant:`` |
 | ``r1_zero_chat`` | the chat template over the same instruction and problem |
 """
 

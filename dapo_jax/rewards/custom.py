@@ -52,7 +52,7 @@ import numpy as np
 
 from dapo_jax.rewards.pool import BoundedPool, Outcome
 
-__all__ = ["FORMS", "CustomReward", "CustomRewardError", "detect_form", "is_custom_name", "load_function",
+__all__ = ["FORMS", "CustomReward", "CustomRewardError", "detect_form", "is_custom_name", "label", "load_function",
            "make_custom_reward"]
 
 FORMS = ("sample", "batch", "trl")
@@ -68,6 +68,15 @@ class CustomRewardError(ValueError):
 def is_custom_name(name: str) -> bool:
     """``module:function``, ``path/file.py:function`` or an ``http(s)://`` URL (not a built-in name)."""
     return ":" in name
+
+
+def label(name: str) -> str:
+    """A user reward's name in metrics (``reward_failures/LABEL``): ``file.py:fn`` without its folders,
+    ``module:fn`` as is, a URL's host and path after ``remote:``."""
+    if name.startswith(("http://", "https://")):
+        return "remote:" + name.split("://", 1)[1]
+    where, _, attr = name.rpartition(":")
+    return f"{Path(where).name}:{attr}" if where.endswith(".py") else name
 
 
 def load_function(spec: str, *, base: Path | None = None) -> Callable:
@@ -309,7 +318,8 @@ def make_custom_reward(name: str, options: Mapping[str, Any], *, wrong: float, b
     kwargs = {k: options[k] for k in ("timeout_s", "max_workers", "batch_size", "threshold") if k in options}
     extra = {"say": say} if say is not None else {}
     try:
-        return CustomReward(name=name, fn=fn, form=form, wrong=float(options.get("wrong", wrong)), **kwargs, **extra)
+        return CustomReward(name=label(name), fn=fn, form=form, wrong=float(options.get("wrong", wrong)),
+                            **kwargs, **extra)
     except (TypeError, ValueError) as e:
         if isinstance(e, CustomRewardError):
             raise

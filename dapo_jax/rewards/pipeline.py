@@ -121,9 +121,10 @@ class RewardPipeline:
                 parts[:, j], failed = fn.score_rows(users, list(responses))
                 bad = [i for i in np.flatnonzero(~np.isfinite(parts[:, j])) if i not in failed]
                 if bad:
+                    first = _truncate(str(responses[bad[0]]))
                     raise NonFiniteReward(f"reward {name!r} scored {len(bad)} of {n} rows {parts[bad[0], j]} (not "
-                                          f"finite; first: row {bad[0]}, response {_truncate(str(responses[bad[0]]))!r})"
-                                          f": check the reward model's weights and dtype")
+                                          f"finite; first: row {bad[0]}, response {first!r}): check the reward "
+                                          f"model's weights and dtype")
                 if j == self.accuracy:
                     correct = fn.is_correct(parts[:, j])
             else:

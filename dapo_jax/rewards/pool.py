@@ -52,7 +52,8 @@ class BoundedPool:
                 value = asyncio.run(_bounded(value, self.timeout_s))
             box.append(Outcome(value))
         except asyncio.TimeoutError:
-            box.append(Outcome(error=f"timed out after {self.timeout_s:g}s", brief=f"timed out after {self.timeout_s:g}s"))
+            why = f"timed out after {self.timeout_s:g}s"
+            box.append(Outcome(error=why, brief=why))
         except BaseException as e:  # noqa: BLE001 - user code: anything it raises is a counted failure
             box.append(Outcome(error=traceback.format_exc(), brief=f"{type(e).__name__}: {e}"))
         finally:

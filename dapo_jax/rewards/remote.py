@@ -9,8 +9,8 @@ Request body (``Content-Type: application/json``), one entry per response, in or
     {"prompts": [str], "responses": [str], "ground_truths": [...], "rows": [{column: value, ...}]}
 
 Answer: ``{"rewards": [float, ...]}`` (or the bare list), as long as ``responses``. It is called as a
-TRL-form function (``fn(prompts, completions, **columns)``) by :class:`dapo_jax.rewards.custom.CustomReward`, so the same pool, timeouts and
-failure accounting apply: a connection error, an HTTP error status, a body that is not such a list, or
+TRL-form function (``fn(prompts, completions, **columns)``) by
+:class:`dapo_jax.rewards.custom.CustomReward`, so the same pool, timeouts and failure accounting apply: a connection error, an HTTP error status, a body that is not such a list, or
 no answer within ``timeout_s`` fails the call's rows (scored ``wrong``, counted). Values that JSON cannot
 carry (a date column) are sent as their ``str``.
 """

@@ -22,6 +22,7 @@ import numpy as np
 from pathlib import Path
 
 from dapo_jax.data.datasets import FORMATS, DataError, Problem, load_problems, to_problems
+from dapo_jax.rewards.custom import CustomReward, CustomRewardError
 from dapo_jax.rewards.pipeline import NonFiniteReward, RewardPipeline
 from dapo_jax.rewards.reward_model import LearnedReward
 from dapo_jax.training.config import BUILT_IN_TASKS, REPO_ROOT, resolve_path
@@ -193,12 +194,14 @@ def make_scorer(reward_cfg, objective, *, tokenizer=None, max_length: int | None
     The reward is `Σ_k w_k r_k` over `reward.functions`: registry names of `dapo_jax.rewards`, each with
     right/wrong values from `reward.right/wrong` (default: the objective's reward_correct / reward_wrong),
     learned reward models (`reward_model`, `process_reward_model` with a `path`: checked here, their
-    weights loaded later by `.load(mesh)`), and the user's own (`rewards/custom.py`: imported here). `correct` and the answer keys (for maj@k) are the first rule
+    weights loaded later by `.load(mesh)`), and the user's own (`rewards/custom.py`: imported here).
+    `correct` and the answer keys (for maj@k) are the first rule
     function's. `tokenizer`: the policy's (to strip its chat template off the prompts a reward model
     reads); `max_length`: the run's prompt + response tokens (a reward model's default row length).
     """
     from dapo_jax.rewards import make_reward
     from dapo_jax.rewards.custom import is_custom_name, make_custom_reward
+    from dapo_jax.rewards.custom import label as custom_label
     from dapo_jax.rewards.reward_model import LEARNED_REWARDS, make_learned_reward
 
     right = reward_cfg.right if reward_cfg.right is not None else objective.reward_correct
@@ -215,7 +218,7 @@ def make_scorer(reward_cfg, objective, *, tokenizer=None, max_length: int | None
                 fn = make_reward(f.name, right=right, wrong=wrong, **f.options, **extra)
         except (KeyError, TypeError, ValueError, OSError) as e:
             raise DataError(f"reward.functions.{i} ({f.name!r}): {e}") from e
-        functions.append((f.name, fn, f.weight))
+        functions.append((custom_label(f.name) if is_custom_name(f.name) else f.name, fn, f.weight))
     return RunScorer(functions, on_error=reward_cfg.on_error, policy_tokenizer=tokenizer)
 
 
@@ -223,8 +226,10 @@ def make_data(cfg, tokenizer, objective, *, sample: int = 8):
     """`(train_stream, eval_stream | None, scorer)`, all checked before any model loads.
 
     Every configured file is opened and every row parsed (`make_stream`), the reward functions are
-    built and run once on the first `sample` problems of each source (each ground truth scored as a
-    response to itself), so a bad row, field, file or reward option fails in seconds, naming it.
+    built and the rule functions run once on the first `sample` problems of each source (each ground
+    truth scored as a response to itself), a user function called once on the first row (likewise), and
+    every ground truth read by each function that reads one (`unreadable_truths`), so a bad row, field,
+    file, reward or reward option fails in seconds, naming it.
     """
     max_len = cfg.data.max_prompt_length
     stream = make_stream(cfg.data.train, tokenizer, max_prompt_length=max_len, seed=cfg.data.seed)
@@ -234,21 +239,31 @@ def make_data(cfg, tokenizer, objective, *, sample: int = 8):
                                   shuffle=False, key="data.eval")
     scorer = make_scorer(cfg.reward, objective, tokenizer=tokenizer,
                          max_length=max_len + cfg.rollout.max_new_tokens)
-    # the rule and user functions on the sources' answers, with their rows: a user function's import,
-    # signature and one call on real rows are checked here (make_scorer has checked each reward model's folder)
-    strict = scorer.replace(on_error="raise", learned=False) if len(scorer.learned) < len(scorer.functions) else None
+    # the rule functions on the sources' first answers; each user function once, on the first row (its
+    # import and signature were checked by make_scorer); make_scorer has checked each reward model's folder
+    rules = [f for f in scorer.functions if not isinstance(f[1], (LearnedReward, CustomReward))]
+    strict = RunScorer(rules, on_error="raise") if rules else None
     if strict is not None:
         strict.require_scored = False  # a few rows: unreadable_truths judges the whole source
     for name, s in (("data.train", stream), ("data.eval", eval_stream)):
-        if s is None or strict is None:
+        if s is None:
             continue
         unreadable_truths(scorer, s, name)
         examples = s.examples[:sample]
         answers = [e.answer for e in examples]
         try:
-            strict.score(answers, answers, prompts=[e.text for e in examples], rows=[e.row or {} for e in examples])
+            if strict is not None:
+                strict(answers, answers)
         except DataError as e:
             raise DataError(f"{name}: the reward cannot score this source's answers: {e}") from e
+        for j, (fn_name, fn, _) in enumerate(scorer.functions):
+            if isinstance(fn, CustomReward) and examples:
+                first = examples[0]
+                try:
+                    fn.dry_run(first.answer, first.answer, first.row or {}, first.text)
+                except CustomRewardError as e:
+                    raise DataError(f"reward.functions.{j}: {e} (on {name} row {first.index}, its ground truth "
+                                    f"{_short(first.answer)} as the response)") from e
     return stream, eval_stream, scorer
 
 

@@ -88,3 +88,24 @@ def takes_nothing():
 
 
 NOT_CALLABLE = 3
+
+
+def fails_on_level_2(response, ground_truth, level, **row):
+    if level == 2:
+        raise ValueError("level 2 is not supported")
+    return float(response.strip() == str(ground_truth))
+
+
+def always_raises(response, ground_truth, **row):
+    raise KeyError("missing_column")
+
+
+_calls = []
+
+
+def fails_after_first_call(response, ground_truth, **row):
+    """Passes the start-up's dry call, then fails on everything (a verifier that breaks)."""
+    _calls.append(1)
+    if len(_calls) > 1:
+        raise ConnectionError("the verifier went away")
+    return 1.0
