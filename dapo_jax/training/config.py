@@ -57,7 +57,8 @@ class SourceSection(_Section):
     format: str = "synthetic"  # dapo_jax.data.datasets.FORMATS: gsm8k, math500, dapo_math, aime, amc, custom, ...
     prompt_field: str | None = None  # override the format's field paths (dotted)
     answer_field: str | None = None  # likewise for the answer
-    template: Literal["raw", "dapo", "chat", "dapo_chat", "r1_zero", "r1_zero_chat"] = "raw"  # data/templates.py
+    # prompt text: data/templates.py (r1_zero, R1-Zero's <think>/<answer> conversation: docs/rewards.md)
+    template: Literal["raw", "dapo", "chat", "dapo_chat", "r1_zero", "r1_zero_chat"] = "raw"
     limit: int | None = Field(default=None, gt=0)  # the first N problems only
     options: dict[str, Any] = Field(default_factory=dict)  # synthetic task only: max_operand, ops, heldout_size
 
@@ -251,7 +252,9 @@ class RewardFunction(_Section):
     # your own (rewards/custom.py): module:function, path/to/file.py:function, an http(s):// URL
     name: str
     weight: float = 1.0  # its weight in the combined reward
-    options: dict[str, Any] = Field(default_factory=dict)  # the check's keyword options, or the reward model's
+    # the check's keyword options, the reward model's, or a user function's (form, timeout_s, max_workers,
+    # batch_size, threshold, wrong): docs/rewards.md; a NaN or infinite number anywhere in them is refused
+    options: dict[str, Any] = Field(default_factory=dict)
     path: str | None = None  # a learned reward model's Hugging Face folder (its weights, config and tokenizer)
 
 
@@ -271,7 +274,9 @@ class RewardSection(_Section):
     functions: list[RewardFunction] = Field(default_factory=lambda: [RewardFunction(name="synthetic")])
     right: float | None = None  # None = the objective's reward_correct
     wrong: float | None = None  # None = the objective's reward_wrong
-    on_error: Literal["raise", "wrong"] = "wrong"  # a reward that raises: stop naming the row, or score it wrong
+    # a reward that fails on a row (raises; a user function's timeout, NaN, bad result): stop naming the row, or
+    # score it wrong and count it in metrics.jsonl's reward_failures/NAME (docs/rewards.md)
+    on_error: Literal["raise", "wrong"] = "wrong"
 
 
 class RunConfig(_Section):

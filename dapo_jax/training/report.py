@@ -64,13 +64,13 @@ def nothing_kept(step: int, stats: dict, cfg, run_dir) -> str:
 
 def reward_unscored(row: dict) -> str:
     """The bar's `unscored=`: per function, the rows it failed on (`f`) and could not read the truth of
-    (`u`), e.g. `gsm8k:u12 my_rewards:accuracy:f3`; empty when every row was scored."""
+    (`u`), e.g. `gsm8k:u12 my_rewards:accuracy:f3,u1`; empty when every row was scored."""
     names = dict.fromkeys(k.split("/", 1)[1] for k in row if k.startswith(("reward_failures/", "reward_unreadable/")))
     shown = []
     for name in names:
         f, u = int(row.get(f"reward_failures/{name}") or 0), int(row.get(f"reward_unreadable/{name}") or 0)
         if f or u:
-            shown.append(f"{name}:" + "".join(f"{c}{n}" for c, n in (("f", f), ("u", u)) if n))
+            shown.append(f"{name}:" + ",".join(f"{c}{n}" for c, n in (("f", f), ("u", u)) if n))
     return " ".join(shown)
 
 
