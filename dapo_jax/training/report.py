@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import warnings
 
+from dapo_jax.data.datasets import DataError
 from dapo_jax.training.metrics import compile_count
 from dapo_jax.training.rollout import part_means
 from dapo_jax.training.run_state import RunState
@@ -74,6 +75,26 @@ def reward_unscored(row: dict) -> str:
     return " ".join(shown)
 
 
+class ReadsNothing:
+    """Stops a run whose accuracy reward has read no answer in any response of its first `steps` steps (in
+    this process), every one of which kept nothing: the responses are not in the form the reward reads, and
+    more steps only burn time. A `DataError` naming the reward (exit 2)."""
+
+    def __init__(self, run: RunState, scorer, run_dir, *, steps: int = 3):
+        self.step0, self.skipped0 = run.step, run.steps_skipped
+        self.scorer, self.run_dir, self.steps = scorer, run_dir, steps
+
+    def check(self, run: RunState) -> None:
+        n = run.step - self.step0
+        if n < self.steps or run.steps_skipped - self.skipped0 < n or getattr(self.scorer, "answers_read", None) != 0:
+            return
+        j = self.scorer.accuracy
+        raise DataError(f"reward.functions.{j} ({self.scorer.functions[j][0]!r}) has read no answer in any response of "
+                        f"steps {self.step0 + 1}-{run.step}, and every one of them kept nothing: the responses are not "
+                        f"in the form it reads. Read them with `dapo-jax show {self.run_dir}`, then change the prompt "
+                        f"(data.train.template) or the reward (reward.functions)")
+
+
 class Progress:
     """The progress bar (reward, accuracy, kept fraction, entropy) and the warnings of skipped steps."""
 
@@ -105,4 +126,4 @@ class Progress:
         self.bar.close()
 
 
-__all__ = ["Progress", "counters", "entropy_shown", "nothing_kept", "reward_unscored", "step_row"]
+__all__ = ["Progress", "ReadsNothing", "counters", "entropy_shown", "nothing_kept", "reward_unscored", "step_row"]

@@ -128,6 +128,8 @@ class RunScorer(RewardPipeline):
         super().__init__(*args, **kwargs)
         self._lock = threading.Lock()
         self.require_scored = True  # False: a check on a few rows, not the run (make_data)
+        # responses whose answer the accuracy function read (None: it has no answer extractor to ask)
+        self.answers_read: int | None = 0 if hasattr(self.functions[self.accuracy][1], "answer_key") else None
         self._scored = dict.fromkeys(self.part_names, 0)
         self._counts: dict[str, int] = {}
 
@@ -143,6 +145,8 @@ class RunScorer(RewardPipeline):
 
     def _account(self, out, truths) -> None:
         with self._lock:
+            if self.answers_read is not None:
+                self.answers_read += sum(k is not None for k in out.keys)
             for j, (name, fn, _) in enumerate(self.functions):
                 part = self.part_names[j]
                 self._scored[part] += out.scored[part]

@@ -125,3 +125,13 @@ def test_json_line_never_prints_a_bare_nan():
     line = json_line({"a": float("nan"), "b": [float("inf"), -float("inf"), 1.5], "c": {"d": 2}})
     assert line == '{"a": null, "b": [null, null, 1.5], "c": {"d": 2}}'
     json.loads(line, parse_constant=lambda c: pytest.fail(f"bare {c}"))
+
+
+def test_a_reward_that_reads_no_response_stops_after_three_skipped_steps(tiny_model_dir, tmp_path, overrides_for,
+                                                                          capsys):
+    # the synthetic task's integer answers are readable by `boxed`, but no response of a 4-token random model
+    # holds a \boxed{}: every group all wrong, every step skipped
+    rc, err, _, _ = train_rc(overrides_for(tiny_model_dir, tmp_path / "run", **{
+        "reward.functions": "[{name: boxed}]", "objective.dynamic_sampling_metric": "correct",
+        "objective.overlong_buffer": "null", "train.steps": 5, "data.eval": "null"}), capsys)
+    assert rc == 2 and "reward.functions.0 ('boxed') has read no answer in any response of steps 1-3" in err, err
