@@ -367,6 +367,11 @@ class RunConfig(_Section):
             raise _KeyedError(f"objective.{e.key}", e.msg) from e
         except (ValueError, TypeError, KeyError, pydantic.ValidationError) as e:
             raise _KeyedError("objective", f"{type(e).__name__}: {e}") from e
+        for key in ("reward_correct", "reward_wrong", "reward_weights"):  # the reward's own values: finite
+            value = getattr(objective, key)
+            values = value if isinstance(value, tuple) else () if value is None else (value,)
+            if not all(math.isfinite(v) for v in values):
+                raise _KeyedError(f"objective.{key}", f"{value} is not finite")
         self._resolve_fast_paths(objective)
         o, r = self.optim, self.rollout
         if o.packing and objective.kind == "gdpo":

@@ -112,6 +112,10 @@ def test_a_non_finite_reward_option_is_refused_by_the_config(option):
         load_config(None, [f"reward.functions=[{{name: synthetic}}, {{name: format, options: {option}}}]"])
     with pytest.raises(ConfigError, match=r"reward\.functions\.0\.weight"):
         load_config(None, ["reward.functions=[{name: synthetic, weight: .nan}]"])
+    for key, value in (("objective.reward_correct", ".nan"), ("objective.reward_wrong", "-.inf"),
+                       ("reward.right", ".nan"), ("objective.reward_weights", "[1.0, .nan]")):
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            load_config(None, [f"{key}={value}"])
 
 
 def test_a_user_reward_name_passes_the_config_and_an_unknown_one_does_not():
