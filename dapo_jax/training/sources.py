@@ -22,7 +22,8 @@ import numpy as np
 from pathlib import Path
 
 from dapo_jax.data.datasets import FORMATS, DataError, Problem, load_problems, to_problems
-from dapo_jax.rewards.custom import CustomReward, CustomRewardError
+from dapo_jax.rewards.custom import CustomReward, CustomRewardError, is_custom_name, make_custom_reward
+from dapo_jax.rewards.custom import label as custom_label
 from dapo_jax.rewards.pipeline import NonFiniteReward, RewardPipeline
 from dapo_jax.rewards.reward_model import LearnedReward
 from dapo_jax.training.config import BUILT_IN_TASKS, REPO_ROOT, resolve_path
@@ -198,14 +199,13 @@ def make_scorer(reward_cfg, objective, *, tokenizer=None, max_length: int | None
     The reward is `Σ_k w_k r_k` over `reward.functions`: registry names of `dapo_jax.rewards`, each with
     right/wrong values from `reward.right/wrong` (default: the objective's reward_correct / reward_wrong),
     learned reward models (`reward_model`, `process_reward_model` with a `path`: checked here, their
-    weights loaded later by `.load(mesh)`), and the user's own (`rewards/custom.py`: imported here).
-    `correct` and the answer keys (for maj@k) are the first rule
-    function's. `tokenizer`: the policy's (to strip its chat template off the prompts a reward model
-    reads); `max_length`: the run's prompt + response tokens (a reward model's default row length).
+    weights loaded later by `.load(mesh)`), and the user's own (`rewards/custom.py`: imported here, named
+    in metrics by `custom.label`). `correct` and the answer keys (for maj@k) are the first rule function's.
+    `tokenizer`: the policy's (to strip its chat template off the prompts a reward model reads, and the
+    `cosine` reward's token counts); `max_length`: the run's prompt + response tokens (a reward model's
+    default row length).
     """
     from dapo_jax.rewards import make_reward
-    from dapo_jax.rewards.custom import is_custom_name, make_custom_reward
-    from dapo_jax.rewards.custom import label as custom_label
     from dapo_jax.rewards.reward_model import LEARNED_REWARDS, make_learned_reward
 
     right = reward_cfg.right if reward_cfg.right is not None else objective.reward_correct
