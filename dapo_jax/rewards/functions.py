@@ -61,10 +61,11 @@ __all__ = [
 
 # DAPO's layout: a final line "Answer: <something>" (trailing blank lines allowed).
 DAPO_FORMAT_PATTERN = r"(?:^|\n)[ \t]*Answer[ \t]*:[ \t]*\S[^\n]*\s*\Z"
-# R1's layout: one <think> block, then one <answer> block, nothing around them but whitespace (and no
-# nested or repeated tags). re.DOTALL: the reasoning spans lines.
+# R1's layout: one <think> block, then one non-blank <answer> block, nothing around them but whitespace (and
+# no nested or repeated tags). re.DOTALL: the reasoning spans lines. Linear time: one anchored start, and
+# the non-blank answer is a lookahead (a `.*\S.*` would backtrack quadratically on a long unclosed answer).
 THINK_ANSWER_PATTERN = (r"(?s)\A\s*<think>(?:(?!</?think>|</?answer>).)*</think>\s*"
-                        r"<answer>(?:(?!</?think>|</?answer>).)*\S(?:(?!</?think>|</?answer>).)*</answer>\s*\Z")
+                        r"<answer>(?!\s*</answer>)(?:(?!</?think>|</?answer>).)*</answer>\s*\Z")
 
 
 class RewardFn(Protocol):

@@ -61,3 +61,8 @@ def test_think_format(response, ok):
     assert reward(response) == (1.0 if ok else 0.0)
     assert reward.is_correct(response) is ok
     assert make_reward("think_format", bonus=0.5, missing=-1.0)(response) == (0.5 if ok else -1.0)
+
+
+def test_think_format_on_a_long_cut_response():
+    # a response cut inside its answer: no match, and found in linear time (a backtracking pattern would hang)
+    assert make_reward("think_format")("<think>x</think><answer>" + "a " * 100_000) == 0.0
