@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -30,6 +31,7 @@ class _NoTorchBanner(logging.Filter):
 
 logging.getLogger("transformers").addFilter(_NoTorchBanner())  # before anything imports transformers
 
+from dapo_jax.data.templates import TEMPLATES  # noqa: E402
 from dapo_jax.training.config import CONFIG_DIR, ConfigError, RunConfig, find_config, load_config  # noqa: E402
 from dapo_jax.training.rollout import StarvationError  # noqa: E402
 from dapo_jax.training.sources import DataError  # noqa: E402
@@ -58,8 +60,20 @@ def cmd_train(args) -> int:
     cfg = load_config(_resolve_config(config) or MAIN_JOB, overrides)
     final = train(cfg)
     summary = ("step", "steps_skipped", "prompts_dropped_too_long")
-    print(json.dumps({k: v for k, v in final.items() if k.startswith("eval/") or k in summary}))
+    print(json_line({k: v for k, v in final.items() if k.startswith("eval/") or k in summary}))
     return 0
+
+
+def json_line(value) -> str:
+    """`value` as one line of strict JSON: a NaN or infinite number is written `null` (never a bare `NaN`)."""
+    def finite(v):
+        if isinstance(v, dict):
+            return {k: finite(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [finite(x) for x in v]
+        return None if isinstance(v, float) and not math.isfinite(v) else v
+
+    return json.dumps(finite(value), allow_nan=False)
 
 
 def cmd_eval(args) -> int:
@@ -87,7 +101,7 @@ def cmd_eval(args) -> int:
     print_report(report)
     for path in write_report(report, args.out):
         print(f"wrote {path}")
-    print(json.dumps(flat_metrics(report)))
+    print(json_line(flat_metrics(report)))
     return 0
 
 
@@ -234,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="data files (GSM8K, MATH-500, AIME, AMC23, DAPO-Math, ...); default: the run's data.eval")
     p.add_argument("--format", help="the data's row format when its name/path does not tell (gsm8k, math500, aime, "
                    "amc, dapo_math, custom, ...)")
-    p.add_argument("--template", choices=["raw", "dapo", "chat", "dapo_chat"],
+    p.add_argument("--template", choices=list(TEMPLATES),
                    help="prompt template for --data (default: the run's; a HF model: chat if it has a chat template)")
     p.add_argument("--reward", help="the reward that judges responses (default: the format's, see README)")
     p.add_argument("--k", type=int, help="samples per problem (default: the run's train.eval_k)")

@@ -41,11 +41,15 @@ class DataError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
-    """One problem: its bare statement, the ground-truth answer string, and its row in the source."""
+    """One problem: its bare statement, the ground-truth answer string, and its row in the source.
+
+    ``row`` is the source row itself (every column), which user reward functions receive
+    (``rewards/custom.py``); it takes no part in equality."""
 
     problem: str
     answer: str
     index: int
+    row: dict | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 # ----------------------------------------------------------------------------- answer extractors
@@ -206,7 +210,7 @@ def to_problems(rows: list[dict], fmt: str | DatasetFormat, *, source: str = "<r
                 out[role] = convert[role](value)
             except (ValueError, TypeError, KeyError) as e:
                 raise DataError(f"{source}: row {i}, field {name!r} {e}") from e
-        problems.append(Problem(problem=out["problem"], answer=out["answer"], index=i))
+        problems.append(Problem(problem=out["problem"], answer=out["answer"], index=i, row=row))
     return problems
 
 

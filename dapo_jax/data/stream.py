@@ -36,12 +36,14 @@ from dapo_jax.data.templates import render_prompt, uses_chat_template
 
 @dataclasses.dataclass(frozen=True)
 class PromptExample:
-    """One tokenised prompt: ``ids`` (no padding), the rendered ``text``, its ``answer``, and source ``index``."""
+    """One tokenised prompt: ``ids`` (no padding), the rendered ``text``, its ``answer``, and source ``index``;
+    ``row``: the source row's columns (for user reward functions), outside equality."""
 
     ids: tuple[int, ...]
     text: str
     answer: str
     index: int
+    row: dict | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +66,11 @@ class PromptBatch:
     def indices(self) -> list[int]:
         return [e.index for e in self.examples]
 
+    @property
+    def rows(self) -> list[dict]:
+        """Each prompt's source row (``{}`` where none is known)."""
+        return [e.row or {} for e in self.examples]
+
 
 def tokenize_problems(problems: Sequence[Problem], tokenizer, *, template: str = "raw",
                       max_prompt_length: int, system: str | None = None) -> tuple[list[PromptExample], list[int]]:
@@ -76,7 +83,7 @@ def tokenize_problems(problems: Sequence[Problem], tokenizer, *, template: str =
         if len(ids) > max_prompt_length:
             skipped.append(p.index)
         else:
-            kept.append(PromptExample(ids=tuple(ids), text=text, answer=p.answer, index=p.index))
+            kept.append(PromptExample(ids=tuple(ids), text=text, answer=p.answer, index=p.index, row=p.row))
     return kept, skipped
 
 

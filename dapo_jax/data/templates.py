@@ -6,6 +6,8 @@
 | ``dapo`` | DAPO's instruction around the problem (asks for a last line ``Answer: $Answer``) |
 | ``chat`` | the tokenizer's chat template over one user message holding the problem |
 | ``dapo_chat`` | the chat template over the DAPO instruction (what the DAPO recipe feeds a chat model) |
+| ``r1_zero`` | R1-Zero's plain-text conversation: think in ``<think>``, answer in ``<answer>``; ends ``Assistant:`` |
+| ``r1_zero_chat`` | the chat template over the same instruction and problem |
 """
 
 from __future__ import annotations
@@ -17,12 +19,23 @@ DAPO_TEMPLATE = (
     "{problem}\n\n"
     'Remember to put your answer on its own line after "Answer:".'
 )
-TEMPLATES = ("raw", "dapo", "chat", "dapo_chat")
+# DeepSeek-R1-Zero's template (DeepSeek-AI, 2025, Table 1), for a base model: the model continues after
+# "Assistant:" and is rewarded for <think>...</think><answer>...</answer> (rewards: think_format).
+R1_ZERO_TEMPLATE = (
+    "A conversation between User and Assistant. The user asks a question, and the Assistant solves it. The "
+    "assistant first thinks about the reasoning process in the mind and then provides the user with the answer. "
+    "The reasoning process and answer are enclosed within <think> </think> and <answer> </answer> tags, "
+    "respectively, i.e., <think> reasoning process here </think> <answer> answer here </answer>. "
+    "User: {problem}. Assistant:"
+)
+TEMPLATES = ("raw", "dapo", "chat", "dapo_chat", "r1_zero", "r1_zero_chat")
+_TEXT = {"dapo": DAPO_TEMPLATE, "dapo_chat": DAPO_TEMPLATE, "r1_zero": R1_ZERO_TEMPLATE,
+         "r1_zero_chat": R1_ZERO_TEMPLATE}
 
 
 def uses_chat_template(template: str) -> bool:
     """Whether the template's text already holds the tokenizer's special tokens (BOS, role markers)."""
-    return template in ("chat", "dapo_chat")
+    return template in ("chat", "dapo_chat", "r1_zero_chat")
 
 
 def render_prompt(problem: str, *, template: str = "raw", tokenizer=None, system: str | None = None) -> str:
@@ -36,7 +49,7 @@ def render_prompt(problem: str, *, template: str = "raw", tokenizer=None, system
     """
     if template not in TEMPLATES:
         raise ValueError(f"template={template!r}: expected one of {TEMPLATES}")
-    text = DAPO_TEMPLATE.format(problem=problem) if template.startswith("dapo") else problem
+    text = _TEXT[template].format(problem=problem) if template in _TEXT else problem
     if not uses_chat_template(template):
         if system is not None:
             raise ValueError(f"system= is only used by the chat-based templates, not template={template!r}")

@@ -1,7 +1,10 @@
-"""Rule-based rewards: answer extraction, normalisation, correctness checks, reward functions."""
+"""Rule-based rewards: answer extraction, normalisation, correctness checks, reward functions; the user's own
+functions by import path or URL (`custom.py`)."""
 
 from dapo_jax.rewards.check import answer_key, answers_equal
+from dapo_jax.rewards.custom import CustomReward, make_custom_reward
 from dapo_jax.rewards.extract import (
+    extract_answer_tag,
     extract_boxed,
     extract_dapo_answer,
     extract_final_answer,
@@ -26,6 +29,7 @@ from dapo_jax.rewards.symbolic import SymbolicTimeout, math_verify_equal
 __all__ = [
     "REWARDS",
     "BatchScores",
+    "CustomReward",
     "FormatReward",
     "RewardFn",
     "RuleReward",
@@ -34,12 +38,14 @@ __all__ = [
     "answer_key",
     "answers_equal",
     "combine",
+    "extract_answer_tag",
     "extract_boxed",
     "extract_dapo_answer",
     "extract_final_answer",
     "extract_gsm8k",
     "extract_last_number",
     "is_correct",
+    "make_custom_reward",
     "make_reward",
     "math_verify_equal",
     "normalize_final_answer",

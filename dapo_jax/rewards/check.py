@@ -26,6 +26,7 @@ __all__ = [
     "integer_key",
     "math_verify_correct",
     "math_verify_key",
+    "TRUTH_READERS",
 ]
 
 
@@ -65,38 +66,54 @@ def _truth_text(truth: str | int | float) -> str | int | float:
 # --- DAPO: the last "Answer:" line ------------------------------------------------------------
 
 
+def _dapo_answer(response: str) -> str | None:
+    answer = extract.extract_dapo_answer(response)
+    at = extract._answer_line_at(response, extract.DAPO_TAIL_CHARS) if answer is not None else -1
+    return extract.latest_answer(response, answer, at)
+
+
 def dapo_answer_correct(response: str, ground_truth, *, numeric: bool = True) -> bool:
-    """DAPO / verl ``math_dapo``: last ``Answer:`` in the last 300 chars, normalised, compared.
+    """DAPO / verl ``math_dapo``: last ``Answer:`` in the last 300 chars (or a later ``<answer>`` tag),
+    normalised, compared.
 
     ``numeric=False`` is verl exactly (string equality, so ``025`` != ``25``); the default also
     accepts equal plain numbers (``025`` == ``25.0``), a strict superset.
     """
-    pred = extract.extract_dapo_answer(response)
-    return answers_equal(pred, _truth_text(ground_truth), numeric=numeric)
+    return answers_equal(_dapo_answer(response), _truth_text(ground_truth), numeric=numeric)
 
 
 def dapo_answer_key(response: str) -> str | None:
-    return answer_key(extract.extract_dapo_answer(response))
+    return answer_key(_dapo_answer(response))
 
 
 # --- \boxed{} ---------------------------------------------------------------------------------
 
 
+def _boxed_answer(response: str) -> str | None:
+    boxed = extract.extract_boxed(response)
+    return extract.latest_answer(response, boxed, extract._boxed_start(response)[0] if boxed is not None else -1)
+
+
 def boxed_correct(response: str, ground_truth, *, numeric: bool = True) -> bool:
-    """The last ``\\boxed{}`` of the response, normalised as above, against the truth."""
-    pred = extract.extract_boxed(response)
-    return answers_equal(pred, _truth_text(ground_truth), numeric=numeric)
+    """The last ``\\boxed{}`` of the response (or a later ``<answer>`` tag), normalised as above, against
+    the truth."""
+    return answers_equal(_boxed_answer(response), _truth_text(ground_truth), numeric=numeric)
 
 
 def boxed_key(response: str) -> str | None:
-    return answer_key(extract.extract_boxed(response))
+    return answer_key(_boxed_answer(response))
 
 
 # --- GSM8K ------------------------------------------------------------------------------------
 
 
 def _gsm8k_answer(response: str, flexible: bool) -> str | None:
+    """``#### N``; else, when an ``<answer>`` tag comes after the last ``####``, the number in the tag;
+    else (``flexible``) the last number of the response."""
     answer = extract.extract_gsm8k(response)
+    latest = extract.latest_answer(response, answer, response.rfind("####") if answer is not None else -1)
+    if latest is not answer:  # the <answer> tag's text: its number
+        answer = extract.extract_gsm8k(latest) or extract.extract_last_number(latest)
     if answer is None and flexible:
         answer = extract.extract_last_number(response)
     return answer
@@ -175,3 +192,33 @@ def math_verify_correct(
 
 def math_verify_key(response: str) -> str | None:
     return answer_key(_final_answer(response))
+
+
+# --- ground truths each check can read ------------------------------------------------------
+# A row whose truth its check cannot read ("n/a" where a number is expected) is wrong whatever the
+# response: the pipeline counts such rows per function (`reward_unreadable/NAME`).
+
+
+def _integer_truth(truth) -> bool:
+    try:
+        int(str(truth).strip())
+    except ValueError:
+        return False
+    return True
+
+
+def _gsm8k_truth(truth) -> bool:
+    if isinstance(truth, str) and "####" in truth:
+        truth = extract.extract_gsm8k(truth)
+    return normalize.parse_number(truth) is not None
+
+
+TRUTH_READERS = {
+    "dapo_answer": lambda t: answer_key(_truth_text(t)) is not None,
+    "boxed": lambda t: answer_key(_truth_text(t)) is not None,
+    "gsm8k": _gsm8k_truth,
+    "integer": lambda t: _as_integer(_truth_text(t)) is not None,
+    "math_verify": lambda t: answer_key(_truth_text(t)) is not None,
+    "synthetic": _integer_truth,
+    "cot": _integer_truth,
+}

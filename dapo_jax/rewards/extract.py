@@ -9,7 +9,14 @@ form, so that "no answer" is never confused with an empty answer that happens to
   the brace-less ``\\boxed 5`` too).
 - :func:`extract_gsm8k`: GSM8K's ``#### N`` (the dataset's own answer format).
 - :func:`extract_last_number`: the last number in the text (verl's "flexible" GSM8K mode).
-- :func:`extract_final_answer`: whichever of the last box and the last ``Answer:`` comes later.
+- :func:`extract_answer_tag`: R1's ``<answer>...</answer>`` (the last closed one; a box inside it is
+  unboxed).
+- :func:`extract_final_answer`: whichever of the last box, the last ``Answer:`` and the last
+  ``<answer>`` tag comes later.
+
+The checks read R1's tag wherever they read an answer: when the last ``<answer>...</answer>`` starts
+after the marker a check looks for (``Answer:``, ``\\boxed{}``, ``####``), the answer is the tag's
+(:func:`latest_answer`).
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ __all__ = [
     "extract_gsm8k",
     "extract_last_number",
     "extract_final_answer",
+    "extract_answer_tag",
+    "latest_answer",
 ]
 
 # verl math_dapo: "The longest answer in MATH-500 has 273 characters", so 300 is enough and bounds
@@ -33,6 +42,7 @@ _ANSWER_RE = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
 # A number: optional sign, digits with optional thousands separators, optional decimals.
 _NUMBER_RE = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+")
 _GSM8K_RE = re.compile(r"####\s*\$?\s*([-+]?[0-9][0-9.,]*)")
+_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
 def extract_dapo_answer(response: str, *, tail_chars: int = DAPO_TAIL_CHARS) -> str | None:
@@ -105,15 +115,47 @@ def extract_last_number(text: str) -> str | None:
     return matches[-1].replace(",", "")
 
 
+def _answer_tag(response: str) -> tuple[int, str] | None:
+    """Start and text of the last closed ``<answer>...</answer>`` (a box inside it unboxed)."""
+    matches = list(_TAG_RE.finditer(response))
+    if not matches:
+        return None
+    inner = matches[-1].group(1)
+    text = extract_boxed(inner) if _boxed_start(inner) is not None else inner.strip()
+    return (matches[-1].start(), text) if text else None
+
+
+def extract_answer_tag(response: str) -> str | None:
+    """R1's answer: the text of the last closed ``<answer>...</answer>``, stripped; a ``\\boxed{}``
+    inside it gives its content. An unclosed tag (a truncated response) or an empty one is no answer."""
+    found = _answer_tag(response)
+    return None if found is None else found[1]
+
+
+def latest_answer(response: str, found: str | None, found_at: int) -> str | None:
+    """``found`` (an answer a check's own extractor read at index ``found_at``; ``-1`` for none), or
+    the ``<answer>`` tag's text when the tag starts later."""
+    tag = _answer_tag(response)
+    if tag is not None and (found is None or tag[0] > found_at):
+        return tag[1]
+    return found
+
+
+def _answer_line_at(response: str, tail_chars: int) -> int:
+    """Index of the last ``Answer:`` match in the tail (``-1``: none)."""
+    tail_start = max(len(response) - tail_chars, 0) if tail_chars > 0 else 0
+    starts = [m.start() for m in _ANSWER_RE.finditer(response[tail_start:])]
+    return tail_start + starts[-1] if starts else -1
+
+
 def extract_final_answer(response: str, *, tail_chars: int = DAPO_TAIL_CHARS) -> str | None:
-    """The answer stated last: the last ``\\boxed{}`` or the last ``Answer:`` line, whichever
-    starts later in the response (a model may box a draft and then write ``Answer:``, or the
-    reverse); ``None`` when neither is there."""
+    """The answer stated last: the last ``\\boxed{}``, the last ``Answer:`` line or the last
+    ``<answer>`` tag, whichever starts later in the response (a model may box a draft and then write
+    ``Answer:``, or the reverse); ``None`` when none is there."""
     boxed = extract_boxed(response)
     answer = extract_dapo_answer(response, tail_chars=tail_chars)
-    if boxed is None or answer is None:
-        return boxed if answer is None else answer
-    box_at = _boxed_start(response)[0]
-    tail_start = max(len(response) - tail_chars, 0) if tail_chars > 0 else 0
-    answer_at = tail_start + [m.start() for m in _ANSWER_RE.finditer(response[tail_start:])][-1]
-    return answer if answer_at > box_at else boxed
+    found = [(_boxed_start(response)[0], boxed) if boxed is not None else None,
+             (_answer_line_at(response, tail_chars), answer) if answer is not None else None]
+    found = [f for f in found if f is not None]
+    at, text = max(found, key=lambda f: f[0]) if found else (-1, None)
+    return latest_answer(response, text, at)

@@ -8,18 +8,24 @@ A reward function is called as ``fn(response, ground_truth) -> float`` and also 
 Rule rewards (docs/objectives.md#rewards-and-shaping): ``right`` if the check passes else ``wrong``; DAPO's ``+1 / -1``
 is the default, GRPO-style recipes use ``right=1.0, wrong=0.0``.
 
-=============== =============================================================================
-name            check
-=============== =============================================================================
-``dapo_answer`` last ``Answer:`` in the last 300 chars, verl-normalised, string (or number) equal
-``boxed``       last ``\\boxed{}``, verl-normalised, string (or number) equal
-``gsm8k``       ``#### N`` (else the last number), numeric equality
-``integer``     AIME: the final answer (box or ``Answer:``) as an integer, e.g. ``025`` == ``25``
-``math_verify`` final answer, then math-verify symbolic equality, bounded in time
-``synthetic``   the embedded task: the whole response is the answer's integer
-``cot``         the chain-of-thought task: the last non-blank line is ``Answer: N``, N the integer
-``format``      not a correctness reward: ``bonus`` when the response has the required layout
-=============== =============================================================================
+================ =============================================================================
+name             check
+================ =============================================================================
+``dapo_answer``  last ``Answer:`` in the last 300 chars, verl-normalised, string (or number) equal
+``boxed``        last ``\\boxed{}``, verl-normalised, string (or number) equal
+``gsm8k``        ``#### N`` (else the last number), numeric equality
+``integer``      AIME: the final answer (box or ``Answer:``) as an integer, e.g. ``025`` == ``25``
+``math_verify``  final answer, then math-verify symbolic equality, bounded in time
+``synthetic``    the embedded task: the whole response is the answer's integer
+``cot``          the chain-of-thought task: the last non-blank line is ``Answer: N``, N the integer
+``format``       not a correctness reward: ``bonus`` when the response has the required layout
+``think_format`` R1's layout: ``<think>...</think>`` then ``<answer>...</answer>``, nothing else
+``cosine``       Yeo et al.'s cosine length reward around a correctness check (``rewards/length.py``)
+``language``     R1's language consistency: the share of target-language words (``rewards/language.py``)
+================ =============================================================================
+
+Every check reads R1's ``<answer>...</answer>`` too (``rewards/extract.py``). A name with a ``:``
+(``my_rewards:accuracy``, ``path/to/file.py:fn``, a URL) is the user's own (``rewards/custom.py``).
 
 :func:`combine` makes a weighted sum ``r = Σ_i w_i r_i(response, truth)`` (e.g. R1's accuracy +
 format); its ``is_correct`` is the one of its ``accuracy`` component (the first by default).
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -54,6 +61,11 @@ __all__ = [
 
 # DAPO's layout: a final line "Answer: <something>" (trailing blank lines allowed).
 DAPO_FORMAT_PATTERN = r"(?:^|\n)[ \t]*Answer[ \t]*:[ \t]*\S[^\n]*\s*\Z"
+# R1's layout: one <think> block, then one non-blank <answer> block, nothing around them but whitespace (and
+# no nested or repeated tags). re.DOTALL: the reasoning spans lines. Linear time: one anchored start, and
+# the non-blank answer is a lookahead (a `.*\S.*` would backtrack quadratically on a long unclosed answer).
+THINK_ANSWER_PATTERN = (r"(?s)\A\s*<think>(?:(?!</?think>|</?answer>).)*</think>\s*"
+                        r"<answer>(?!\s*</answer>)(?:(?!</?think>|</?answer>).)*</answer>\s*\Z")
 
 
 class RewardFn(Protocol):
@@ -78,6 +90,11 @@ class RuleReward:
     answer_key: Callable[[str], str | None]
     right: float = 1.0
     wrong: float = -1.0
+    read_truth: Callable[[Any], bool] | None = None  # whether the check can read a ground truth at all
+
+    def truth_readable(self, ground_truth: Any) -> bool:
+        """False for a truth no response can match ("n/a" where a number is expected)."""
+        return self.read_truth is None or bool(self.read_truth(ground_truth))
 
     def is_correct(self, response: str, ground_truth: Any) -> bool:
         return bool(self.check(response, ground_truth))
@@ -173,7 +190,7 @@ _RULES: dict[str, tuple[Callable[..., bool], Callable[..., str | None]]] = {
     # with its Answer line (an unfinished or still-rambling response is wrong)
     "cot": (cot.is_correct, cot.extract_answer),
 }
-REWARDS: tuple[str, ...] = (*_RULES, "format")
+REWARDS: tuple[str, ...] = (*_RULES, "format", "think_format", "cosine", "language")
 
 
 def make_reward(name: str, *, right: float = 1.0, wrong: float = -1.0, **options) -> RewardFn:
@@ -185,6 +202,16 @@ def make_reward(name: str, *, right: float = 1.0, wrong: float = -1.0, **options
     """
     if name == "format":
         return FormatReward(**options)
+    if name == "think_format":
+        return FormatReward(**{"bonus": 1.0, "pattern": THINK_ANSWER_PATTERN, "name": "think_format", **options})
+    if name == "cosine":
+        from dapo_jax.rewards.length import make_cosine_reward
+
+        return make_cosine_reward(rule=lambda check_name: make_reward(check_name), **options)
+    if name == "language":
+        from dapo_jax.rewards.language import LanguageReward
+
+        return LanguageReward(**options)
     if name not in _RULES:
         raise KeyError(f"unknown reward {name!r}; known: {', '.join(REWARDS)}")
     fn, key = _RULES[name]
@@ -195,7 +222,8 @@ def make_reward(name: str, *, right: float = 1.0, wrong: float = -1.0, **options
     if unknown:
         raise TypeError(f"reward {name!r}: unknown option(s) {unknown}; allowed: {sorted(allowed)}")
     bound_check = (lambda r, t: fn(r, t, **options)) if options else fn
-    return RuleReward(name=name, check=bound_check, answer_key=key, right=right, wrong=wrong)
+    return RuleReward(name=name, check=bound_check, answer_key=key, right=right, wrong=wrong,
+                      read_truth=check.TRUTH_READERS.get(name))
 
 
 def combine(
@@ -272,6 +300,8 @@ def score_batch(
             else:
                 reward = fn(responses[i], truths[i])
                 ok = reward > 0
+            if not math.isfinite(float(reward)):
+                raise ValueError(f"the reward is {float(reward)}, not a finite number")
             return float(reward), bool(ok), False
         except Exception as e:
             if on_error == "raise":

@@ -18,6 +18,13 @@ come from the FIRST RULE function, so that a run trained on a learned reward is 
 rule when one is listed (weight 0 if it should not train); with none, from the first function (a
 learned one counts a row correct when `is_correct` says so: logit > 0, or step probability > 1/2).
 
+User functions (`rewards/custom.py`: an import path or a URL) get each row's data columns (`rows=`) and
+prompt; their failures (a raise, a timeout, NaN, a wrong-length list) are failed rows like a rule's.
+Every batch counts, per function, its failed rows (`RewardBatch.failures`) and the rows whose ground
+truth the function cannot read (`RewardBatch.unreadable`: a rule's `truth_readable` says no; such a row
+is scored as usual, and is wrong whatever the response). A learned reward that scores a row NaN or
+infinite raises `NonFiniteReward` naming it, whatever `on_error`: nothing can be learned from it.
+
 Learned rewards read the prompt as its user asked it: the policy's chat template, if its prompts
 carry one, is stripped first (`reward_model.prompt_unwrapper`).
 """
@@ -29,10 +36,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from dapo_jax.rewards.custom import CustomReward
 from dapo_jax.rewards.functions import _truncate, score_batch
 from dapo_jax.rewards.reward_model import LearnedReward, ProcessRewardModel, prompt_unwrapper
 
-__all__ = ["RewardBatch", "RewardPipeline"]
+__all__ = ["NonFiniteReward", "RewardBatch", "RewardPipeline"]
+
+
+class NonFiniteReward(RuntimeError):
+    """A learned reward scored a row NaN or infinite."""
 
 
 class RewardBatch(NamedTuple):
@@ -42,6 +54,9 @@ class RewardBatch(NamedTuple):
     keys: list  # [N] answer keys (maj@k)
     num_errors: int
     error_rows: tuple[int, ...]
+    failures: dict | None = None  # {part name: rows that function failed on}
+    unreadable: dict | None = None  # {part name: rows whose ground truth it cannot read} (functions that say)
+    scored: dict | None = None  # {part name: rows it neither failed on nor could not read the truth of}
 
 
 class RewardPipeline:
@@ -78,49 +93,68 @@ class RewardPipeline:
         return self
 
     def score(self, responses: Sequence[str], truths: Sequence[Any], *,
-              prompts: Sequence[str] | None = None) -> RewardBatch:
+              prompts: Sequence[str] | None = None, rows: Sequence[dict] | None = None) -> RewardBatch:
         """Every function on every row; `prompts` (the policy's rendered prompts, one per row) are
-        needed by learned rewards."""
+        needed by learned rewards, `rows` (each row's data columns) are what user functions receive."""
         n, k = len(responses), len(self.functions)
         if len(truths) != n:
             raise ValueError(f"{n} responses but {len(truths)} truths")
         parts = np.zeros((n, k), np.float32)
         correct = np.zeros(n, bool)
         errors: dict[int, str] = {}
+        failed_by: dict[str, set] = {name: set() for name in self.part_names}
+        unreadable_by: dict[str, set] = {}
         users = None
         for j, (name, fn, _) in enumerate(self.functions):
-            if isinstance(fn, LearnedReward):
+            part = self.part_names[j]
+            readable = getattr(fn, "truth_readable", None)
+            if readable is not None:
+                unreadable_by[part] = {i for i, t in enumerate(truths) if not readable(t)}
+            if isinstance(fn, CustomReward):
+                parts[:, j], failed = fn.score_rows(responses, truths, rows=rows, prompts=prompts)
+                if j == self.accuracy:
+                    correct = parts[:, j] > fn.threshold
+            elif isinstance(fn, LearnedReward):
                 if prompts is None or len(prompts) != n:
                     raise ValueError(f"reward {name!r} is a learned model: it needs the {n} rows' prompts")
                 users = users if users is not None else [self._unwrap(p) for p in prompts]
                 parts[:, j], failed = fn.score_rows(users, list(responses))
+                bad = [i for i in np.flatnonzero(~np.isfinite(parts[:, j])) if i not in failed]
+                if bad:
+                    first = _truncate(str(responses[bad[0]]))
+                    raise NonFiniteReward(f"reward {name!r} scored {len(bad)} of {n} rows {parts[bad[0], j]} (not "
+                                          f"finite; first: row {bad[0]}, response {first!r}): check the reward "
+                                          f"model's weights and dtype")
                 if j == self.accuracy:
                     correct = fn.is_correct(parts[:, j])
-                for i, why in sorted(failed.items()):
-                    if self.on_error == "raise":
-                        raise RuntimeError(f"reward {name!r} failed on row {i} ({why}); response: "
-                                           f"{_truncate(str(responses[i]))!r}")
-                    errors.setdefault(i, why)
             else:
                 out = score_batch(fn, responses, truths, on_error=self.on_error)
                 parts[:, j] = out.rewards
                 if j == self.accuracy:
                     correct = out.correct
-                for i in out.error_rows:
-                    errors.setdefault(i, "the check raised")
-        rows = sorted(errors)
-        if rows:
-            parts[rows] = [float(getattr(fn, "wrong", 0.0)) for _, fn, _ in self.functions]
-            correct[rows] = False
+                failed = dict.fromkeys(out.error_rows, "the check raised")
+            failed_by[part] = set(failed)
+            for i, why in sorted(failed.items()):
+                if self.on_error == "raise":
+                    raise RuntimeError(f"reward {name!r} failed on row {i} ({why}); response: "
+                                       f"{_truncate(str(responses[i]))!r}")
+                errors.setdefault(i, why)
+        failed_rows = sorted(errors)
+        if failed_rows:
+            parts[failed_rows] = [float(getattr(fn, "wrong", 0.0)) for _, fn, _ in self.functions]
+            correct[failed_rows] = False
         acc = self.functions[self.accuracy][1]
         key_fn = getattr(acc, "answer_key", None)
         keys = [key_fn(r) if key_fn is not None else r.strip() for r in responses]
         rewards = (parts * self.weights).sum(axis=1, dtype=np.float32).reshape(n)
-        return RewardBatch(rewards, parts, np.asarray(correct, bool).reshape(n), keys, len(rows), tuple(rows))
+        return RewardBatch(rewards, parts, np.asarray(correct, bool).reshape(n), keys, len(failed_rows),
+                           tuple(failed_rows), {k: len(v) for k, v in failed_by.items()},
+                           {k: len(v) for k, v in unreadable_by.items()},
+                           {k: n - len(failed_by[k] | unreadable_by.get(k, set())) for k in self.part_names})
 
-    def __call__(self, responses, truths, *, prompts=None):
+    def __call__(self, responses, truths, *, prompts=None, rows=None):
         """`(rewards [N] float32, correct [N] bool, answer keys [N])`."""
-        out = self.score(responses, truths, prompts=prompts)
+        out = self.score(responses, truths, prompts=prompts, rows=rows)
         return out.rewards, out.correct, out.keys
 
     # ------------------------------------------------------------------ process supervision

@@ -110,8 +110,9 @@ class Actor:
         p, g, t = out.response_ids.shape
         texts = sources.decode_responses(self.tokenizer, out.response_ids.reshape(p * g, t),
                                          out.response_mask.reshape(p * g, t))
-        scored = self.scorer.score(texts, [a for a in prompts.answers for _ in range(g)],
-                                   prompts=[x for x in prompts.texts for _ in range(g)])  # rewards/pipeline.py
+        scored = self.scorer.score(texts, [a for a in prompts.answers for _ in range(g)],  # rewards/pipeline.py
+                                   prompts=[x for x in prompts.texts for _ in range(g)],
+                                   rows=[x for x in prompts.rows for _ in range(g)])  # user rewards read the rows
         steps = (self.step_scorer(out.response_ids, out.response_mask, prompts.texts, prompts.answers)
                  if self.step_scorer else {})
         shaped, mask = shape_rewards(objective, scored.rewards.reshape(p, g), out.lengths, out.truncated,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import math
 import typing
 from pathlib import Path
 from typing import Any, Literal
@@ -56,7 +57,8 @@ class SourceSection(_Section):
     format: str = "synthetic"  # dapo_jax.data.datasets.FORMATS: gsm8k, math500, dapo_math, aime, amc, custom, ...
     prompt_field: str | None = None  # override the format's field paths (dotted)
     answer_field: str | None = None  # likewise for the answer
-    template: Literal["raw", "dapo", "chat", "dapo_chat"] = "raw"  # prompt text: data/templates.py
+    # prompt text: data/templates.py (r1_zero, R1-Zero's <think>/<answer> conversation: docs/rewards.md)
+    template: Literal["raw", "dapo", "chat", "dapo_chat", "r1_zero", "r1_zero_chat"] = "raw"
     limit: int | None = Field(default=None, gt=0)  # the first N problems only
     options: dict[str, Any] = Field(default_factory=dict)  # synthetic task only: max_operand, ops, heldout_size
 
@@ -246,19 +248,36 @@ class TrainSection(_Section):
 
 
 class RewardFunction(_Section):
-    # dapo_jax.rewards.REWARDS (integer, dapo_answer, gsm8k, boxed, math_verify, format, synthetic, cot), or a
-    # learned reward model (rewards/reward_model.py): reward_model (outcome), process_reward_model (steps)
+    # dapo_jax.rewards.REWARDS (integer, dapo_answer, gsm8k, boxed, math_verify, format, synthetic, cot, ...), a
+    # learned reward model (rewards/reward_model.py): reward_model (outcome), process_reward_model (steps), or
+    # your own (rewards/custom.py): module:function, path/to/file.py:function, an http(s):// URL
     name: str
     weight: float = 1.0  # its weight in the combined reward
-    options: dict[str, Any] = Field(default_factory=dict)  # the check's keyword options, or the reward model's
+    # the check's keyword options, the reward model's, or a user function's (form, timeout_s, max_workers,
+    # batch_size, threshold, wrong): docs/rewards.md; a NaN or infinite number anywhere in them is refused
+    options: dict[str, Any] = Field(default_factory=dict)
     path: str | None = None  # a learned reward model's Hugging Face folder (its weights, config and tokenizer)
+
+
+def _non_finite(options, prefix: str = "") -> list[tuple[str, float]]:
+    """`(dotted key, value)` of every NaN or infinite number in a reward's options (`_Section` refuses
+    them in typed fields; options are free-form)."""
+    if isinstance(options, dict):
+        return [hit for k, v in options.items() for hit in _non_finite(v, f"{prefix}{k}.")]
+    if isinstance(options, (list, tuple)):
+        return [hit for i, v in enumerate(options) for hit in _non_finite(v, f"{prefix}{i}.")]
+    if isinstance(options, float) and not math.isfinite(options):
+        return [(prefix.rstrip("."), options)]
+    return []
 
 
 class RewardSection(_Section):
     functions: list[RewardFunction] = Field(default_factory=lambda: [RewardFunction(name="synthetic")])
     right: float | None = None  # None = the objective's reward_correct
     wrong: float | None = None  # None = the objective's reward_wrong
-    on_error: Literal["raise", "wrong"] = "wrong"  # a reward that raises: stop naming the row, or score it wrong
+    # a reward that fails on a row (raises; a user function's timeout, NaN, bad result): stop naming the row, or
+    # score it wrong and count it in metrics.jsonl's reward_failures/NAME (docs/rewards.md)
+    on_error: Literal["raise", "wrong"] = "wrong"
 
 
 class RunConfig(_Section):
@@ -320,9 +339,14 @@ class RunConfig(_Section):
         from dapo_jax.rewards import REWARDS
         from dapo_jax.rewards.reward_model import LEARNED_REWARDS
 
+        from dapo_jax.rewards.custom import is_custom_name
+
         known = (*REWARDS, *LEARNED_REWARDS)
-        checks += [(f"reward.functions.{i}.name", f.name in known, f"unknown reward {f.name!r}; known: {known}")
-                   for i, f in enumerate(self.reward.functions)]
+        checks += [(f"reward.functions.{i}.name", f.name in known or is_custom_name(f.name),
+                    f"unknown reward {f.name!r}; known: {known}, or your own as module:function, "
+                    f"path/to/file.py:function or an http(s):// URL") for i, f in enumerate(self.reward.functions)]
+        checks += [(f"reward.functions.{i}.options.{key}", False, f"{value} is not a finite number")
+                   for i, f in enumerate(self.reward.functions) for key, value in _non_finite(f.options)]
         checks += [(f"reward.functions.{i}.path", (f.path is not None) == (f.name in LEARNED_REWARDS),
                     f"{f.name!r} is a learned reward model: set its path to the model's folder" if f.path is None else
                     f"{f.name!r} is a rule reward: it takes no path") for i, f in enumerate(self.reward.functions)]
@@ -344,6 +368,11 @@ class RunConfig(_Section):
             raise _KeyedError(f"objective.{e.key}", e.msg) from e
         except (ValueError, TypeError, KeyError, pydantic.ValidationError) as e:
             raise _KeyedError("objective", f"{type(e).__name__}: {e}") from e
+        for key in ("reward_correct", "reward_wrong", "reward_weights"):  # the reward's own values: finite
+            value = getattr(objective, key)
+            values = value if isinstance(value, tuple) else () if value is None else (value,)
+            if not all(math.isfinite(v) for v in values):
+                raise _KeyedError(f"objective.{key}", f"{value} is not finite")
         self._resolve_fast_paths(objective)
         o, r = self.optim, self.rollout
         if o.packing and objective.kind == "gdpo":
@@ -524,6 +553,10 @@ def _anchor_paths(data: dict, config_dir: Path) -> None:
         value = f.get("path") if isinstance(f, dict) else None
         if isinstance(value, str) and not Path(value).expanduser().is_absolute() and (config_dir / value).exists():
             f["path"] = str((config_dir / value).resolve())
+        name = f.get("name") if isinstance(f, dict) else None  # a user reward's file: path/to/file.py:function
+        file, _, attr = name.rpartition(":") if isinstance(name, str) and ".py:" in name else ("", "", "")
+        if file and not Path(file).expanduser().is_absolute() and (config_dir / file).is_file():
+            f["name"] = f"{(config_dir / file).resolve()}:{attr}"
     for keys in _PATH_KEYS:
         node = data
         for k in keys[:-1]:

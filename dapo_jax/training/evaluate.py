@@ -51,7 +51,8 @@ def evaluate(generate, params, stream, *, tokenizer, scorer, key, batch_size: in
         b, g, t = resp_ids.shape
         texts = decode_responses(tokenizer, resp_ids.reshape(b * g, t), resp_mask.reshape(b * g, t))
         scored = scorer.score(texts, [a for a in batch.answers for _ in range(g)],
-                              prompts=[x for x in batch.texts for _ in range(g)])
+                              prompts=[x for x in batch.texts for _ in range(g)],
+                              rows=[x for x in batch.rows for _ in range(g)])
         rewards, ok, keys = scored.rewards, scored.correct, scored.keys
         part_sums += scored.parts[:len(chunk) * g].sum(axis=0)
         ok = ok.reshape(b, g)

@@ -39,7 +39,7 @@ from dapo_jax.training.lora import PolicyWeights
 from dapo_jax.training.metrics import MetricsWriter, compile_count
 from dapo_jax.training.overlap import Prefetcher
 from dapo_jax.training.programs import attention_report, build_programs, run_optimizer
-from dapo_jax.training.report import Progress, counters, step_row
+from dapo_jax.training.report import Progress, ReadsNothing, counters, step_row
 from dapo_jax.training.rollout import Groups
 from dapo_jax.training.rollout_log import RolloutLog
 from dapo_jax.training.run_dir import RunDir
@@ -134,6 +134,7 @@ def train(cfg: RunConfig) -> dict:
             if pre:
                 writer.write(0, pre)
         progress = Progress(cfg, run.step, enabled=main, run_dir=run_dir.path)
+        reads_nothing = ReadsNothing(run, scorer, run_dir.path)  # a reward that reads no response: exit 2
         while run.step < cfg.train.steps and not run.budget_spent(cfg):
             state, run, out = rl_step(run.step + 1, state, run, rollouts=prefetch, learner=learner, group_size=r.G,
                                       prefetch_next=r.overlap and run.step + 1 < cfg.train.steps)
@@ -141,7 +142,8 @@ def train(cfg: RunConfig) -> dict:
             ahead.wait()  # every program step 1 ran is compiled: nothing compiles after it (a no-op after)
             rollout_log.write(step, out.groups, out.advantages)
             last = writer.write(step, step_row(out, run, stream, scorer))
-            progress.update(out, run)
+            progress.update(out, run, last)
+            reads_nothing.check(run)
             monitor.update(step, float(out.metrics.get("nonfinite_updates", 0.0)))
             if boundary.should_stop(step):
                 checkpoint(state, run)

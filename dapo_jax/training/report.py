@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import warnings
 
+from dapo_jax.data.datasets import DataError
 from dapo_jax.training.metrics import compile_count
 from dapo_jax.training.rollout import part_means
 from dapo_jax.training.run_state import RunState
@@ -29,7 +30,8 @@ def counters(run: RunState, stream) -> dict:
 def step_row(out: StepResult, run: RunState, stream, scorer) -> dict:
     """The metrics row of step `run.step`: the rollout's statistics, the update's metrics, throughput and time."""
     stats, m = out.stats, out.metrics
-    return {**stats, **m, **counters(run, stream), **part_means(out.groups, scorer.part_names),
+    failures = scorer.take_counts() if hasattr(scorer, "take_counts") else {}  # rewards that could not score
+    return {**stats, **m, **counters(run, stream), **part_means(out.groups, scorer.part_names), **failures,
             "rollout_tokens_per_s": stats.get("rollout_tokens", 0.0) / max(stats["rollout_busy_s"], 1e-9),
             "update_tokens_per_s": float(m.get("update_tokens", 0.0)) / max(out.update_s, 1e-9),
             "rollout_time_s": out.rollout_s, "update_time_s": out.update_s, "step_time_s": out.rollout_s + out.update_s,
@@ -61,6 +63,38 @@ def nothing_kept(step: int, stats: dict, cfg, run_dir) -> str:
             f"(objective.dynamic_sampling_metric=reward, a reward with partial credit)")
 
 
+def reward_unscored(row: dict) -> str:
+    """The bar's `unscored=`: per function, the rows it failed on (`f`) and could not read the truth of
+    (`u`), e.g. `gsm8k:u12 my_rewards:accuracy:f3,u1`; empty when every row was scored."""
+    names = dict.fromkeys(k.split("/", 1)[1] for k in row if k.startswith(("reward_failures/", "reward_unreadable/")))
+    shown = []
+    for name in names:
+        f, u = int(row.get(f"reward_failures/{name}") or 0), int(row.get(f"reward_unreadable/{name}") or 0)
+        if f or u:
+            shown.append(f"{name}:" + ",".join(f"{c}{n}" for c, n in (("f", f), ("u", u)) if n))
+    return " ".join(shown)
+
+
+class ReadsNothing:
+    """Stops a run whose accuracy reward has read no answer in any response of its first `steps` steps (in
+    this process), every one of which kept nothing: the responses are not in the form the reward reads, and
+    more steps only burn time. A `DataError` naming the reward (exit 2)."""
+
+    def __init__(self, run: RunState, scorer, run_dir, *, steps: int = 3):
+        self.step0, self.skipped0 = run.step, run.steps_skipped
+        self.scorer, self.run_dir, self.steps = scorer, run_dir, steps
+
+    def check(self, run: RunState) -> None:
+        n = run.step - self.step0
+        if n < self.steps or run.steps_skipped - self.skipped0 < n or getattr(self.scorer, "answers_read", None) != 0:
+            return
+        j = self.scorer.accuracy
+        raise DataError(f"reward.functions.{j} ({self.scorer.functions[j][0]!r}) has read no answer in any response of "
+                        f"steps {self.step0 + 1}-{run.step}, and every one of them kept nothing: the responses are not "
+                        f"in the form it reads. Read them with `dapo-jax show {self.run_dir}`, then change the prompt "
+                        f"(data.train.template) or the reward (reward.functions)")
+
+
 class Progress:
     """The progress bar (reward, accuracy, kept fraction, entropy) and the warnings of skipped steps."""
 
@@ -72,7 +106,8 @@ class Progress:
                         desc="train")
         self.bar.set_postfix_str("the first step compiles its programs", refresh=True)  # until step 1's metrics
 
-    def update(self, out: StepResult, run: RunState) -> None:
+    def update(self, out: StepResult, run: RunState, row: dict | None = None) -> None:
+        """`row`: the step's metrics row, for its reward failure counts."""
         stats = out.stats
         if out.skipped:
             warnings.warn(f"step {run.step}: dynamic sampling kept no group in {self.cfg.rollout.max_gen_batches} "
@@ -82,11 +117,13 @@ class Progress:
                 self.explained = True
                 warnings.warn(nothing_kept(run.step, stats, self.cfg, self.run_dir), RuntimeWarning, stacklevel=2)
         self.bar.update(1)
+        unscored = reward_unscored(row or {})
         self.bar.set_postfix(reward=f"{stats.get('reward_mean', 0):.2f}", acc=f"{stats.get('accuracy', 0):.2f}",
-                             kept=f"{stats.get('kept_fraction', 0):.2f}", ent=f"{entropy_shown(out):.2f}")
+                             kept=f"{stats.get('kept_fraction', 0):.2f}", ent=f"{entropy_shown(out):.2f}",
+                             **({"unscored": unscored} if unscored else {}))
 
     def close(self) -> None:
         self.bar.close()
 
 
-__all__ = ["Progress", "counters", "entropy_shown", "nothing_kept", "step_row"]
+__all__ = ["Progress", "ReadsNothing", "counters", "entropy_shown", "nothing_kept", "reward_unscored", "step_row"]

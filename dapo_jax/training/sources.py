@@ -14,6 +14,7 @@ on changed data (`data.stream.StreamMismatch`, exit 2) unless `data.accept_chang
 
 from __future__ import annotations
 
+import threading
 from typing import Callable
 
 import numpy as np
@@ -21,7 +22,10 @@ import numpy as np
 from pathlib import Path
 
 from dapo_jax.data.datasets import FORMATS, DataError, Problem, load_problems, to_problems
-from dapo_jax.rewards.pipeline import RewardPipeline
+from dapo_jax.rewards.custom import CustomReward, CustomRewardError, is_custom_name, make_custom_reward
+from dapo_jax.rewards.custom import label as custom_label
+from dapo_jax.rewards.pipeline import NonFiniteReward, RewardPipeline
+from dapo_jax.rewards.reward_model import LearnedReward
 from dapo_jax.training.config import BUILT_IN_TASKS, REPO_ROOT, resolve_path
 
 __all__ = ["DataError", "load_source", "make_stream", "resume_stream", "source_path", "decode_responses", "make_scorer",
@@ -115,14 +119,63 @@ Scorer = Callable[[list[str], list[str]], tuple[np.ndarray, np.ndarray, list]]
 
 
 class RunScorer(RewardPipeline):
-    """A `RewardPipeline` whose row failures (`on_error: raise`) are `DataError`s naming the functions:
-    the user's to fix (exit code 2)."""
+    """A `RewardPipeline` whose faults are `DataError`s naming the function (the user's to fix, exit 2): a
+    row failure under `on_error: raise`, a learned reward's non-finite score, and a function that has not
+    scored one row since the run started (each row failed, or had a ground truth it cannot read).
 
-    def score(self, responses, truths, *, prompts=None):
+    It counts, per function, the rows it failed on and those whose ground truth it cannot read;
+    `take_counts()` gives `{reward_failures/NAME, reward_unreadable/NAME}` since its previous call (what a
+    metrics row and the progress bar show)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._lock = threading.Lock()
+        self.require_scored = True  # False: a check on a few rows, not the run (make_data)
+        # responses whose answer the accuracy function read (None: it has no answer extractor to ask)
+        self.answers_read: int | None = 0 if hasattr(self.functions[self.accuracy][1], "answer_key") else None
+        self._scored = dict.fromkeys(self.part_names, 0)
+        self._counts: dict[str, int] = {}
+
+    def score(self, responses, truths, *, prompts=None, rows=None):
         try:
-            return super().score(responses, truths, prompts=prompts)
+            out = super().score(responses, truths, prompts=prompts, rows=rows)
+        except NonFiniteReward as e:
+            raise DataError(f"{e}") from e
         except RuntimeError as e:
             raise DataError(f"reward {[n for n, _, _ in self.functions]}: {e}") from e
+        self._account(out, truths)
+        return out
+
+    def _account(self, out, truths) -> None:
+        with self._lock:
+            if self.answers_read is not None:
+                self.answers_read += sum(k is not None for k in out.keys)
+            for j, (name, fn, _) in enumerate(self.functions):
+                part = self.part_names[j]
+                self._scored[part] += out.scored[part]
+                key = f"reward_failures/{part}"
+                self._counts[key] = self._counts.get(key, 0) + out.failures[part]
+                if part in out.unreadable:
+                    key = f"reward_unreadable/{part}"
+                    self._counts[key] = self._counts.get(key, 0) + out.unreadable[part]
+                if self._scored[part] or not self.require_scored or not len(truths) or isinstance(fn, LearnedReward):
+                    continue
+                unread = [t for t in truths if not fn.truth_readable(t)] if part in out.unreadable else []
+                raise DataError(
+                    f"reward.functions.{j} ({name!r}) has not scored a single row since the run started: of the "
+                    f"{len(truths)} rows just scored, {out.failures[part]} failed and {len(unread)} have a ground "
+                    f"truth it cannot read" + (f" (e.g. {_short(unread[0])})" if unread else "")
+                    + ": check that the reward fits the data (data.train.format, data.train.answer_field, "
+                    "reward.functions)")
+
+    def take_counts(self) -> dict[str, int]:
+        """`reward_failures/NAME` (and `reward_unreadable/NAME` for functions that read a ground truth): rows
+        counted since the previous call."""
+        with self._lock:
+            counts = {f"reward_failures/{p}": 0 for p in self.part_names}
+            counts.update(self._counts)
+            self._counts = {}
+        return counts
 
     def step_scorer(self, tokenizer, **kwargs):
         inner = super().step_scorer(tokenizer, **kwargs)
@@ -136,16 +189,23 @@ class RunScorer(RewardPipeline):
         return score
 
 
+def _short(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}..."
+
+
 def make_scorer(reward_cfg, objective, *, tokenizer=None, max_length: int | None = None):
     """A `rewards.pipeline.RewardPipeline`: `(responses, truths, prompts=None) -> (rewards [N] float32,
     correct [N] bool, answer keys [N])`, and `.score(...)` for every function's part.
 
     The reward is `Σ_k w_k r_k` over `reward.functions`: registry names of `dapo_jax.rewards`, each with
     right/wrong values from `reward.right/wrong` (default: the objective's reward_correct / reward_wrong),
-    and learned reward models (`reward_model`, `process_reward_model` with a `path`: checked here, their
-    weights loaded later by `.load(mesh)`). `correct` and the answer keys (for maj@k) are the first rule
-    function's. `tokenizer`: the policy's (to strip its chat template off the prompts a reward model
-    reads); `max_length`: the run's prompt + response tokens (a reward model's default row length).
+    learned reward models (`reward_model`, `process_reward_model` with a `path`: checked here, their
+    weights loaded later by `.load(mesh)`), and the user's own (`rewards/custom.py`: imported here, named
+    in metrics by `custom.label`). `correct` and the answer keys (for maj@k) are the first rule function's.
+    `tokenizer`: the policy's (to strip its chat template off the prompts a reward model reads, and the
+    `cosine` reward's token counts); `max_length`: the run's prompt + response tokens (a reward model's
+    default row length).
     """
     from dapo_jax.rewards import make_reward
     from dapo_jax.rewards.reward_model import LEARNED_REWARDS, make_learned_reward
@@ -157,11 +217,14 @@ def make_scorer(reward_cfg, objective, *, tokenizer=None, max_length: int | None
         try:
             if f.name in LEARNED_REWARDS:
                 fn = make_learned_reward(f.name, resolve_path(f.path), f.options, wrong=wrong, max_length=max_length)
+            elif is_custom_name(f.name):  # the user's own: module:function, file.py:function, a URL
+                fn = make_custom_reward(f.name, f.options, wrong=wrong)
             else:
-                fn = make_reward(f.name, right=right, wrong=wrong, **f.options)
+                extra = {"tokenizer": tokenizer} if f.name == "cosine" and tokenizer is not None else {}
+                fn = make_reward(f.name, right=right, wrong=wrong, **f.options, **extra)
         except (KeyError, TypeError, ValueError, OSError) as e:
             raise DataError(f"reward.functions.{i} ({f.name!r}): {e}") from e
-        functions.append((f.name, fn, f.weight))
+        functions.append((custom_label(f.name) if is_custom_name(f.name) else f.name, fn, f.weight))
     return RunScorer(functions, on_error=reward_cfg.on_error, policy_tokenizer=tokenizer)
 
 
@@ -169,8 +232,10 @@ def make_data(cfg, tokenizer, objective, *, sample: int = 8):
     """`(train_stream, eval_stream | None, scorer)`, all checked before any model loads.
 
     Every configured file is opened and every row parsed (`make_stream`), the reward functions are
-    built and run once on the first `sample` problems of each source (each ground truth scored as a
-    response to itself), so a bad row, field, file or reward option fails in seconds, naming it.
+    built and the rule functions run once on the first `sample` problems of each source (each ground
+    truth scored as a response to itself), a user function called once on the first row (likewise), and
+    every ground truth read by each function that reads one (`unreadable_truths`), so a bad row, field,
+    file, reward or reward option fails in seconds, naming it.
     """
     max_len = cfg.data.max_prompt_length
     stream = make_stream(cfg.data.train, tokenizer, max_prompt_length=max_len, seed=cfg.data.seed,
@@ -181,14 +246,51 @@ def make_data(cfg, tokenizer, objective, *, sample: int = 8):
                                   shuffle=False, key="data.eval")
     scorer = make_scorer(cfg.reward, objective, tokenizer=tokenizer,
                          max_length=max_len + cfg.rollout.max_new_tokens)
-    # the rule functions on the sources' answers (make_scorer has checked each reward model's folder)
-    strict = scorer.replace(on_error="raise", learned=False) if len(scorer.learned) < len(scorer.functions) else None
+    # the rule functions on the sources' first answers; each user function once, on the first row (its
+    # import and signature were checked by make_scorer); make_scorer has checked each reward model's folder
+    rules = [f for f in scorer.functions if not isinstance(f[1], (LearnedReward, CustomReward))]
+    strict = RunScorer(rules, on_error="raise") if rules else None
+    if strict is not None:
+        strict.require_scored = False  # a few rows: unreadable_truths judges the whole source
     for name, s in (("data.train", stream), ("data.eval", eval_stream)):
-        if s is None or strict is None:
+        if s is None:
             continue
-        answers = [e.answer for e in s.examples[:sample]]
+        unreadable_truths(scorer, s, name)
+        examples = s.examples[:sample]
+        answers = [e.answer for e in examples]
         try:
-            strict(answers, answers)
+            if strict is not None:
+                strict(answers, answers)
         except DataError as e:
             raise DataError(f"{name}: the reward cannot score this source's answers: {e}") from e
+        for j, (fn_name, fn, _) in enumerate(scorer.functions):
+            if isinstance(fn, CustomReward) and examples:
+                first = examples[0]
+                try:
+                    fn.dry_run(first.answer, first.answer, first.row or {}, first.text)
+                except CustomRewardError as e:
+                    raise DataError(f"reward.functions.{j}: {e} (on {name} row {first.index}, its ground truth "
+                                    f"{_short(first.answer)} as the response)") from e
     return stream, eval_stream, scorer
+
+
+def unreadable_truths(scorer, stream, name: str) -> None:
+    """Every ground truth of `stream` through each function that reads one: none readable is a
+    `DataError` naming the function; some unreadable is a warning with their count and the first row."""
+    import warnings
+
+    answers = [e.answer for e in stream.examples]
+    for j, (fn_name, fn, _) in enumerate(scorer.functions):
+        read = getattr(fn, "truth_readable", None)
+        if read is None or not answers:
+            continue
+        bad = [i for i, a in enumerate(answers) if not read(a)]
+        if len(bad) == len(answers):
+            raise DataError(f"{name}: reward.functions.{j} ({fn_name!r}) cannot read any of the {len(answers)} "
+                            f"ground truths (row {stream.examples[0].index}: {_short(answers[0])}): check "
+                            f"{name}.format / {name}.answer_field, or choose a reward for this data")
+        if bad:
+            warnings.warn(f"{name}: {len(bad)} of {len(answers)} ground truths cannot be read by reward "
+                          f"{fn_name!r} (first: row {stream.examples[bad[0]].index}, {_short(answers[bad[0]])}); "
+                          f"their responses are scored wrong and counted in reward_unreadable/"
+                          f"{scorer.part_names[j]}", RuntimeWarning, stacklevel=2)

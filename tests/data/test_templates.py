@@ -39,3 +39,16 @@ def test_errors():
         render_prompt("x", template="chat")
     with pytest.raises(ValueError, match="system= is only used"):
         render_prompt("x", template="raw", system="s")
+
+
+def test_r1_zero_is_the_papers_conversation_ending_at_assistant():
+    text = render_prompt("What is 1+1?", template="r1_zero")
+    assert text == (
+        "A conversation between User and Assistant. The user asks a question, and the Assistant solves it. The "
+        "assistant first thinks about the reasoning process in the mind and then provides the user with the answer. "
+        "The reasoning process and answer are enclosed within <think> </think> and <answer> </answer> tags, "
+        "respectively, i.e., <think> reasoning process here </think> <answer> answer here </answer>. "
+        "User: What is 1+1?. Assistant:")
+    assert render_prompt("{x}", template="r1_zero").count("User: {x}.") == 1  # braces in a problem are kept
+    chat = render_prompt("What is 1+1?", template="r1_zero_chat", tokenizer=build_char_tokenizer())
+    assert chat == text  # the tiny tokenizer's chat template is the user message itself

@@ -70,3 +70,13 @@ def test_the_explanation_comes_once_and_only_when_no_step_has_trained_yet(tmp_pa
     assert [("kept no group:" in str(w.message)) for w in caught] == [False]
     progress.close()
     later.close()
+
+
+def test_the_bar_names_each_reward_that_could_not_score():
+    from dapo_jax.training.report import reward_unscored
+
+    row = {"reward_failures/gsm8k": 0, "reward_unreadable/gsm8k": 12, "reward_failures/my:acc": 3,
+           "reward_failures/format": 0, "reward_mean": 0.5}
+    assert reward_unscored(row) == "gsm8k:u12 my:acc:f3"
+    assert reward_unscored({**row, "reward_unreadable/my:acc": 1}) == "gsm8k:u12 my:acc:f3,u1"
+    assert reward_unscored({"reward_failures/gsm8k": 0, "reward_unreadable/gsm8k": 0}) == ""
