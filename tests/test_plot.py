@@ -14,7 +14,8 @@ def test_plot_writes_one_png_per_figure(tmp_path):
         rows.append({"step": s, "reward_mean": s / 10, "accuracy": s / 20, "entropy": 1.0 / s,
                      "response_length_mean": 3 + s, "response_length_max": 6, "clip_frac_low": 0.01,
                      "clip_frac_high": 0.02, "kept_fraction": 0.5, "all_correct_fraction": 0.2,
-                     "all_wrong_fraction": 0.3})
+                     "all_wrong_fraction": 0.3, "response_length_right_mean": 3.0,
+                     "response_length_wrong_mean": 3 + s})
     rows.append({"step": 5, "eval/accuracy": 0.4})
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n{\"step\": 6, \"trunc")
     paths = plot_run(tmp_path)

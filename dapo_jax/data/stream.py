@@ -36,12 +36,14 @@ from dapo_jax.data.templates import render_prompt, uses_chat_template
 
 @dataclasses.dataclass(frozen=True)
 class PromptExample:
-    """One tokenised prompt: ``ids`` (no padding), the rendered ``text``, its ``answer``, and source ``index``."""
+    """One tokenised prompt: ``ids`` (no padding), the rendered ``text``, its ``answer``, and source ``index``;
+    ``source``: which source of a data mixture it comes from (data/mixture.py; 0 without one)."""
 
     ids: tuple[int, ...]
     text: str
     answer: str
     index: int
+    source: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -116,11 +116,17 @@ class RunScorer(RewardPipeline):
     """A `RewardPipeline` whose row failures (`on_error: raise`) are `DataError`s naming the functions:
     the user's to fix (exit code 2)."""
 
-    def score(self, responses, truths, *, prompts=None):
+    def score(self, responses, truths, *, prompts=None, sources=None):
+        """`sources`: each row's data source, for a mixture's scorer (training/mixture.py); one source here."""
         try:
             return super().score(responses, truths, prompts=prompts)
         except RuntimeError as e:
             raise DataError(f"reward {[n for n, _, _ in self.functions]}: {e}") from e
+
+    @property
+    def for_eval(self) -> "RunScorer":
+        """The scorer of held-out evaluation: this one (a mixture's is its run's `reward` section's)."""
+        return self
 
     def step_scorer(self, tokenizer, **kwargs):
         inner = super().step_scorer(tokenizer, **kwargs)
@@ -134,7 +140,7 @@ class RunScorer(RewardPipeline):
         return score
 
 
-def make_scorer(reward_cfg, objective, *, tokenizer=None, max_length: int | None = None):
+def make_scorer(reward_cfg, objective, *, tokenizer=None, max_length: int | None = None, key: str = "reward"):
     """A `rewards.pipeline.RewardPipeline`: `(responses, truths, prompts=None) -> (rewards [N] float32,
     correct [N] bool, answer keys [N])`, and `.score(...)` for every function's part.
 
@@ -143,7 +149,8 @@ def make_scorer(reward_cfg, objective, *, tokenizer=None, max_length: int | None
     and learned reward models (`reward_model`, `process_reward_model` with a `path`: checked here, their
     weights loaded later by `.load(mesh)`). `correct` and the answer keys (for maj@k) are the first rule
     function's. `tokenizer`: the policy's (to strip its chat template off the prompts a reward model
-    reads); `max_length`: the run's prompt + response tokens (a reward model's default row length).
+    reads); `max_length`: the run's prompt + response tokens (a reward model's default row length); `key`:
+    the config section, for errors (a mixture source's: `data.sources.NAME.reward`).
     """
     from dapo_jax.rewards import make_reward
     from dapo_jax.rewards.reward_model import LEARNED_REWARDS, make_learned_reward
@@ -158,7 +165,7 @@ def make_scorer(reward_cfg, objective, *, tokenizer=None, max_length: int | None
             else:
                 fn = make_reward(f.name, right=right, wrong=wrong, **f.options)
         except (KeyError, TypeError, ValueError, OSError) as e:
-            raise DataError(f"reward.functions.{i} ({f.name!r}): {e}") from e
+            raise DataError(f"{key}.functions.{i} ({f.name!r}): {e}") from e
         functions.append((f.name, fn, f.weight))
     return RunScorer(functions, on_error=reward_cfg.on_error, policy_tokenizer=tokenizer)
 
@@ -169,23 +176,32 @@ def make_data(cfg, tokenizer, objective, *, sample: int = 8):
     Every configured file is opened and every row parsed (`make_stream`), the reward functions are
     built and run once on the first `sample` problems of each source (each ground truth scored as a
     response to itself), so a bad row, field, file or reward option fails in seconds, naming it.
+    A mixture (`data.sources`) or difficulty filtering (`data.difficulty`): a `data.mixture.MixtureStream`
+    and each source's own reward functions (training/mixture.py).
     """
+    from dapo_jax.training.mixture import make_mixture
+
     max_len = cfg.data.max_prompt_length
-    stream = make_stream(cfg.data.train, tokenizer, max_prompt_length=max_len, seed=cfg.data.seed)
+    scorer = make_scorer(cfg.reward, objective, tokenizer=tokenizer,
+                         max_length=max_len + cfg.rollout.max_new_tokens)
+    if cfg.data.sources is None and cfg.data.difficulty is None:
+        stream = make_stream(cfg.data.train, tokenizer, max_prompt_length=max_len, seed=cfg.data.seed)
+        checks = [("data.train", stream, scorer)]
+    else:
+        stream, train_scorer, checks = make_mixture(cfg, tokenizer, objective, default=scorer)
     eval_stream = None
     if cfg.data.eval is not None:
         eval_stream = make_stream(cfg.data.eval, tokenizer, max_prompt_length=max_len, seed=cfg.data.seed,
                                   shuffle=False, key="data.eval")
-    scorer = make_scorer(cfg.reward, objective, tokenizer=tokenizer,
-                         max_length=max_len + cfg.rollout.max_new_tokens)
+        checks.append(("data.eval", eval_stream, scorer))
     # the rule functions on the sources' answers (make_scorer has checked each reward model's folder)
-    strict = scorer.replace(on_error="raise", learned=False) if len(scorer.learned) < len(scorer.functions) else None
-    for name, s in (("data.train", stream), ("data.eval", eval_stream)):
-        if s is None or strict is None:
+    for name, s, source_scorer in checks:
+        if len(source_scorer.learned) == len(source_scorer.functions):
             continue
+        strict = source_scorer.replace(on_error="raise", learned=False)
         answers = [e.answer for e in s.examples[:sample]]
         try:
             strict(answers, answers)
         except DataError as e:
             raise DataError(f"{name}: the reward cannot score this source's answers: {e}") from e
-    return stream, eval_stream, scorer
+    return stream, eval_stream, (scorer if cfg.data.sources is None else train_scorer)
