@@ -11,8 +11,9 @@ outcome is `+1` when all G responses are right, `-1` when all are wrong, `0` oth
 dropped once it has at least `visits` outcomes and the last `visits` are all `+1` (`drop: all_right`:
 solved, nothing left to learn; DAPO's dynamic sampling would discard those groups after generating
 them anyway), all `-1` (`all_wrong`: out of reach for now), or either (`both`). A dropped prompt is
-never drawn again, so it stays dropped for the rest of the run; a new round
-(`data.new_round`) starts with no history.
+never drawn again, so it stays dropped for the rest of the run (unless a visit drawn before it was
+dropped, the same prompt twice in one round, says otherwise: whether a prompt is dropped is a
+function of its history alone); a new round (`data.new_round`) starts with no history.
 
 The state is the outcome history of every prompt visited (at most `visits` small integers each), saved
 in the checkpoint: a resumed run drops the same prompts at the same draws as an uninterrupted one.
@@ -66,6 +67,8 @@ class DifficultyFilter:
         self.history[key] = h
         if len(h) == self.visits and h[0] in DROPS[self.drop] and all(x == h[0] for x in h):
             self._dropped.add(key)
+        else:  # a visit already under way when it was dropped (the same prompt twice in a round)
+            self._dropped.discard(key)
 
     def dropped(self, source: int, example) -> bool:
         """Whether the prompt `example` (a `PromptExample`) of source `source` is dropped."""
