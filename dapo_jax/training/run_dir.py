@@ -82,6 +82,12 @@ class RunDir:
         if diff and self.cfg.data.new_round and all(k.startswith(ROUND_KEYS) for k in diff):
             self.round_changes = {k: (old.get(k), new.get(k)) for k in diff}  # the loop starts a new round
             return
+        if diff and self.cfg.data.new_round:  # only the keys a new round may not change
+            others = [k for k in diff if not k.startswith(ROUND_KEYS)]
+            details = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in others[:6])
+            raise ConfigError(f"{saved_file}: data.new_round=true starts a new round on new data and reward "
+                              f"(data.*, reward.*), but other keys changed too ({details}): restore them, or use a "
+                              f"new train.run_dir")
         if diff:
             details = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:6])
             rounds = (" or, to go on training this checkpoint on the new data and reward (a new round), set "
