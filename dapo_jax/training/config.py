@@ -66,7 +66,7 @@ class MixtureSource(_Section):
 
     train: SourceSection = SourceSection()  # its prompts: any source data.train can name
     weight: float = Field(default=1.0, gt=0)  # sampling proportion: each prompt drawn is this source's w.p. w / Σ w
-    reward: "RewardSection | None" = None  # its reward functions; None = the run's reward section
+    reward: RewardSection | None = None  # its reward functions; None = the run's reward section
 
 
 class DifficultySection(_Section):
@@ -302,6 +302,9 @@ class RewardSection(_Section):
     right: float | None = None  # None = the objective's reward_correct
     wrong: float | None = None  # None = the objective's reward_wrong
     on_error: Literal["raise", "wrong"] = "wrong"  # a reward that raises: stop naming the row, or score it wrong
+
+
+MixtureSource.model_rebuild()  # its `reward` is a RewardSection, defined after it
 
 
 class RunConfig(_Section):
