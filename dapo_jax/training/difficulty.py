@@ -46,8 +46,8 @@ class DifficultyFilter:
         """The end of the error of a source left with no prompt (data/mixture.py)."""
         what = {"all_right": "all right", "all_wrong": "all wrong", "both": "all right or all wrong"}[self.drop]
         return (f": difficulty filtering dropped each one after {self.visits} visit(s) in a row whose responses "
-                f"were {what} (data.difficulty); the task is done at this difficulty: stop here, start a new round "
-                f"on harder data (data.new_round=true), or raise data.difficulty.visits")
+                f"were {what} (data.difficulty): nothing is left to learn from it at this setting; stop here, start a "
+                f"new round on other data (data.new_round=true), or raise data.difficulty.visits")
 
     def outcome(self, correct: np.ndarray) -> np.ndarray:
         """`[N, G]` bool -> `[N]` int: +1 all right, -1 all wrong, 0 mixed."""

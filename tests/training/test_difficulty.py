@@ -77,3 +77,26 @@ def test_bad_settings_are_refused():
         DifficultyFilter(visits=0, drop="both", names=["a"])
     with pytest.raises(ValueError, match="drop"):
         DifficultyFilter(visits=1, drop="solved", names=["a"])
+
+
+def test_attached_to_a_mixture_the_filter_skips_its_prompts_and_names_an_exhausted_source():
+    from dapo_jax.data.char_tokenizer import build_char_tokenizer
+    from dapo_jax.data.datasets import Problem
+    from dapo_jax.data.mixture import MixtureStream, SourceExhausted
+    from dapo_jax.data.stream import PromptStream
+    from dapo_jax.training.config import load_config
+    from dapo_jax.training.difficulty import build_difficulty
+
+    tok = build_char_tokenizer()
+    stream = PromptStream([Problem(problem=f"p{i}", answer=str(i), index=i) for i in range(4)], tok,
+                          max_prompt_length=4, source={"key": "data.train"})
+    mix = MixtureStream({"train": stream}, {"train": 1.0})
+    f = build_difficulty(load_config(None, ["data.difficulty={visits: 1, drop: all_wrong}"]), mix)
+    assert build_difficulty(load_config(None), mix) is None
+    f.record(groups([0, 0], [1, 2], [WRONG, MIXED]))
+    assert {e.index for e in mix.next_examples(12)} == {0, 2, 3}
+    f.record(groups([0, 0, 0], [0, 2, 3], [WRONG, WRONG, WRONG]))
+    with pytest.raises(SourceExhausted, match=r"^data.train: every one of its 4 prompts is skipped: difficulty "
+                                              r"filtering dropped each one after 1 visit\(s\) in a row whose "
+                                              r"responses were all wrong \(data.difficulty\)"):
+        mix.next_examples(1)
