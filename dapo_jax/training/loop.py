@@ -103,7 +103,7 @@ def train(cfg: RunConfig) -> dict:
         ckpt = cleanup.enter_context(Checkpointer(run_dir.path / "checkpoints", keep=cfg.train.keep_checkpoints))
         boundary = StepBoundary(preemption, ckpt)  # SIGTERM / SIGINT and failed saves, agreed by all processes
         state, run = restore(cfg, ckpt, state, stream, say, critic.init_state if critic is not None else None,
-                             new_round=run_dir.round_changes is not None)  # data.new_round: data/mixture docs
+                             new_round=run_dir.round_changes is not None)  # data.new_round (docs/mixtures.md)
         if group_filter is not None:
             group_filter.load_state_dict(run.group_filter)
         difficulty = build_difficulty(cfg, stream)  # data.difficulty (training/difficulty.py), or None

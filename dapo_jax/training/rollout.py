@@ -157,7 +157,8 @@ def collect_groups(
     Stats (fractions are over every group generated this step): `kept_fraction`,
     `all_correct_fraction`, `all_wrong_fraction`, `zero_adv_fraction`, `gen_rounds`, `carried_in`,
     `surplus`, and the generated responses' `reward_mean/std`, `accuracy`,
-    `response_length_mean/std/max`, `truncated_fraction`, `entropy_generated` (see `_round_stats`).
+    `response_length_mean/std/max`, `response_length_right_mean/wrong_mean` (Dr. GRPO's length inflation:
+    training/source_metrics.py), `truncated_fraction`, `entropy_generated` (see `_round_stats`).
     """
     kept: list[Groups] = []
     generated: list[Groups] = []
