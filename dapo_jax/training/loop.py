@@ -117,7 +117,8 @@ def train(cfg: RunConfig) -> dict:
         cleanup.callback(writer.close)
         key = jnp.asarray(run.rng, jnp.uint32)  # a raw PRNGKey; every use folds in (step, round)
         rollout_log = RolloutLog(run_dir.path, every=cfg.train.rollouts_every, sample=cfg.train.rollouts_sample,
-                                 tokenizer=tokenizer, enabled=main)  # what the model wrote: `dapo-jax show`
+                                 tokenizer=tokenizer, enabled=main,
+                                 sources=tuple(cfg.data.sources or ()))  # what the model wrote: `dapo-jax show`
         actor = Actor(cfg, programs.generate, programs.continuous, policy, stream, share, tokenizer, scorer,
                       step_scorer, group_filter, rollout_log, key, difficulty, tuple(cfg.data.sources or ()))
         learner = Learner(programs.prepare, programs.train_step, policy, ref_params, critic, batch_sharding(mesh),
