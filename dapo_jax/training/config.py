@@ -435,7 +435,7 @@ class RunConfig(_Section):
     @model_validator(mode="after")
     def _mixture_fits(self) -> "RunConfig":
         """A data mixture's sources may each have their own reward functions: the reward is then one
-        number per response (`training/mixture_scorer.py`), so the objectives that read each function's
+        number per response (`training/mixture.py`), so the objectives that read each function's
         part or a rule's steps are not available with one."""
         if self.data.sources is None:
             return self
