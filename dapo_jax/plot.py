@@ -3,7 +3,9 @@
     dapo-jax plot RUN_DIR            # writes RUN_DIR/plots/*.png and prints their paths
 
 One figure per quantity the paper tracks: reward, training and held-out accuracy, entropy,
-response length (mean and max), clip fractions (low / high), and the dynamic-sampling kept fraction.
+response length (mean and max), clip fractions (low / high), and the dynamic-sampling kept fraction;
+the mean length of right and of wrong responses (Dr. GRPO's length inflation); and for a data
+mixture, reward, accuracy, kept fraction and lengths with one line per source.
 
 Several runs of one setting (seeds) are drawn as their mean with a ±1 sd band:
 
@@ -36,7 +38,28 @@ FIGURES = {
     "kept_fraction": ("Dynamic sampling", "fraction of groups", [("kept_fraction", "kept"),
                                                                  ("all_correct_fraction", "all correct"),
                                                                  ("all_wrong_fraction", "all wrong")]),
+    # Dr. GRPO's length-inflation signal (training/source_metrics.py): wrong responses growing longer than right ones
+    "length_by_outcome": ("Response length by outcome", "tokens", [("response_length_right_mean", "right"),
+                                                                   ("response_length_wrong_mean", "wrong")]),
 }
+# a data mixture's figures (docs/mixtures.md): one line per source, `source/NAME/KEY`
+SOURCE_FIGURES = {
+    "source_reward": ("Reward by source", "mean reward", "reward_mean"),
+    "source_accuracy": ("Accuracy by source", "accuracy", "accuracy"),
+    "source_kept_fraction": ("Kept by source", "fraction of groups", "kept_fraction"),
+    "source_length_right": ("Length of right responses by source", "tokens", "response_length_right_mean"),
+    "source_length_wrong": ("Length of wrong responses by source", "tokens", "response_length_wrong_mean"),
+}
+
+
+def source_figures(rows: list[dict]) -> dict:
+    """`SOURCE_FIGURES` as `FIGURES` entries over the sources named in `rows` (none without a mixture)."""
+    names = list(dict.fromkeys(k.split("/")[1] for r in rows for k in r if k.startswith("source/") and
+                               k.count("/") == 2))
+    if not names:
+        return {}
+    return {fig: (title, ylabel, [(f"source/{n}/{key}", n) for n in names])
+            for fig, (title, ylabel, key) in SOURCE_FIGURES.items()}
 
 
 def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
@@ -48,7 +71,7 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
     out_dir = Path(out_dir) if out_dir is not None else run_dir / "plots"
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, (title, ylabel, series) in FIGURES.items():
+    for name, (title, ylabel, series) in {**FIGURES, **source_figures(rows)}.items():
         fig, ax = plt.subplots(figsize=(5, 3.2), dpi=110)
         drawn = False
         for key, label in series:

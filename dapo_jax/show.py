@@ -38,7 +38,9 @@ def show_rollouts(run_dir, step: int | None = None, *, groups: int | None = None
         verdict = ("kept, trained" if g["trained"] else "kept, not trained (surplus)") if g["kept"] else \
             "dropped by dynamic sampling"
         n_right = sum(r["correct"] for r in g["responses"])
-        title = (f"\nround {g['round']} group {g['group']}: {verdict}; {n_right}/{len(g['responses'])} correct\n"
+        source = f" ({g['source']})" if "source" in g else ""  # a data mixture's source
+        title = (f"\nround {g['round']} group {g['group']}{source}: {verdict}; {n_right}/{len(g['responses'])} "
+                 f"correct\n"
                  f"prompt: {_cut(g['prompt'], width)}")
         table = [[str(j), _num(r["reward"], "+.3f"), "yes" if r["correct"] else "no", _num(r["advantage"], "+.3f"),
                   f"{r['length']}{' (cut)' if r['truncated'] else ''}", _cut(r["text"], width)]

@@ -14,7 +14,8 @@ def test_plot_writes_one_png_per_figure(tmp_path):
         rows.append({"step": s, "reward_mean": s / 10, "accuracy": s / 20, "entropy": 1.0 / s,
                      "response_length_mean": 3 + s, "response_length_max": 6, "clip_frac_low": 0.01,
                      "clip_frac_high": 0.02, "kept_fraction": 0.5, "all_correct_fraction": 0.2,
-                     "all_wrong_fraction": 0.3})
+                     "all_wrong_fraction": 0.3, "response_length_right_mean": 3.0,
+                     "response_length_wrong_mean": 3 + s})
     rows.append({"step": 5, "eval/accuracy": 0.4})
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n{\"step\": 6, \"trunc")
     paths = plot_run(tmp_path)
@@ -76,3 +77,16 @@ def test_step_axes_tick_whole_steps_only():
     assert ticks and np.array_equal(ticks, np.round(ticks))
     assert any(t != round(t) for t in other.get_xticks())  # the check can fail: the default ticks fractions
     plt.close(fig)
+
+
+def test_a_mixture_gets_one_line_per_source_in_its_source_figures(tmp_path):
+    from dapo_jax.plot import SOURCE_FIGURES, source_figures
+
+    rows = [{"step": s, **{f"source/{n}/{k}": s / 10 for n in ("math", "code") for _, _, k in SOURCE_FIGURES.values()},
+             "source/math/dropped": 1.0} for s in (1, 2, 3)]
+    figures = source_figures(rows)
+    assert set(figures) == set(SOURCE_FIGURES)
+    assert figures["source_accuracy"][2] == [("source/math/accuracy", "math"), ("source/code/accuracy", "code")]
+    assert source_figures([{"step": 1, "accuracy": 0.5, "difficulty/dropped": 2}]) == {}
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert {p.stem for p in plot_run(tmp_path)} == set(SOURCE_FIGURES)

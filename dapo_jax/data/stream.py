@@ -37,13 +37,15 @@ from dapo_jax.data.templates import render_prompt, uses_chat_template
 @dataclasses.dataclass(frozen=True)
 class PromptExample:
     """One tokenised prompt: ``ids`` (no padding), the rendered ``text``, its ``answer``, and source ``index``;
-    ``row``: the source row's columns (for user reward functions), outside equality."""
+    ``row``: the source row's columns (for user reward functions), outside equality; ``source``: which
+    source of a data mixture it comes from (data/mixture.py; 0 without one)."""
 
     ids: tuple[int, ...]
     text: str
     answer: str
     index: int
     row: dict | None = dataclasses.field(default=None, compare=False, repr=False)
+    source: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,6 +23,7 @@ from dapo_jax.training import sources
 from dapo_jax.training.config import RunConfig
 from dapo_jax.training.group_filter import selection_stats
 from dapo_jax.training.rollout import Groups, StreamedRounds, collect_groups
+from dapo_jax.training.source_metrics import source_stats, watch_rounds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +42,8 @@ class Actor:
     group_filter: Any  # training.group_filter.GroupFilter (GFPO), or None
     log: Any  # training.rollout_log.RolloutLog: the text of the logged steps
     key: jax.Array  # the run's raw PRNG key
+    difficulty: Any = None  # training.difficulty.DifficultyFilter (data.difficulty), or None
+    source_names: tuple[str, ...] = ()  # a data mixture's sources (data.sources): source/NAME/* metrics
 
     def collect(self, step: int, params, carry: Groups | None) -> tuple[Groups, dict, Groups | None]:
         """Samples generation rounds of `gen_batch` prompts until `train_batch` groups are kept (with
@@ -49,15 +52,19 @@ class Actor:
         r = self.cfg.rollout
         keep = self.keep if self.cfg.objective_config.dynamic_sampling else None
         rounds = self._rounds(step, params, carry, keep)
+        sample, keep_seen, seen = watch_rounds(rounds, keep) if len(self.source_names) > 1 else (rounds, keep, [])
         with contextlib.closing(rounds) if self.continuous is not None else contextlib.nullcontext():
             groups, stats, carry = collect_groups(
-                *self.log.watch(step, rounds, keep), train_batch=r.train_batch,
+                *self.log.watch(step, sample, keep_seen), train_batch=r.train_batch,
                 max_gen_batches=None if self.continuous is not None else r.max_gen_batches,
                 on_starvation=r.on_starvation, carry=carry, carry_surplus=r.carry_surplus)
         if self.continuous is not None:  # the tokens drawn for the groups the stop dropped
             stats["stream_dropped_tokens"] = float(rounds.dropped_tokens)
         if self.group_filter is not None:  # GFPO's gfpo/* metrics of the batch, on this rollout's window
             stats.update(selection_stats(groups, self.group_filter))
+        stats.update(source_stats(seen, self.source_names))  # a mixture's source/NAME/* (training/source_metrics.py)
+        if self.difficulty is not None:
+            stats.update(self.difficulty.stats())
         return groups, stats, carry
 
     def keep(self, groups: Groups) -> np.ndarray:
@@ -108,11 +115,13 @@ class Actor:
 
         objective = self.cfg.objective_config
         p, g, t = out.response_ids.shape
+        source = np.asarray([e.source for e in prompts.examples], np.int32)  # a data mixture's (data/mixture.py)
         texts = sources.decode_responses(self.tokenizer, out.response_ids.reshape(p * g, t),
                                          out.response_mask.reshape(p * g, t))
         scored = self.scorer.score(texts, [a for a in prompts.answers for _ in range(g)],  # rewards/pipeline.py
                                    prompts=[x for x in prompts.texts for _ in range(g)],
-                                   rows=[x for x in prompts.rows for _ in range(g)])  # user rewards read the rows
+                                   rows=[x for x in prompts.rows for _ in range(g)],  # user rewards read the rows
+                                   sources=np.repeat(source, g))  # a mixture's (training/mixture.py)
         steps = (self.step_scorer(out.response_ids, out.response_mask, prompts.texts, prompts.answers)
                  if self.step_scorer else {})
         shaped, mask = shape_rewards(objective, scored.rewards.reshape(p, g), out.lengths, out.truncated,
@@ -121,9 +130,11 @@ class Actor:
             prompts.input_ids, prompts.attention_mask, out.response_ids, np.asarray(mask, np.float32), out.logprobs,
             np.asarray(shaped, np.float32), scored.correct.reshape(p, g), out.lengths, out.truncated,
             np.ones(p, bool), np.zeros(p, np.int32), entropy=out.entropy, reward_parts=scored.parts.reshape(p, g, -1),
-            **steps), self.cfg.rollout.gen_batch)
+            source=source, prompt_index=np.asarray(prompts.indices, np.int32), **steps), self.cfg.rollout.gen_batch)
         if self.group_filter is not None:
             groups.selected = self.group_filter.select(groups.rewards, groups.lengths)
+        if self.difficulty is not None:  # one visit of each prompt (training/difficulty.py)
+            self.difficulty.record(groups)
         return groups
 
     def _rounds(self, step: int, params, carry: Groups | None, keep):

@@ -63,6 +63,22 @@ class SourceSection(_Section):
     options: dict[str, Any] = Field(default_factory=dict)  # synthetic task only: max_operand, ops, heldout_size
 
 
+class MixtureSource(_Section):
+    """One source of a data mixture, `data.sources.NAME` (docs/mixtures.md, data/mixture.py)."""
+
+    train: SourceSection = SourceSection()  # its prompts: any source data.train can name
+    weight: float = Field(default=1.0, gt=0)  # sampling proportion: each prompt drawn is this source's w.p. w / Σ w
+    reward: RewardSection | None = None  # its reward functions; None = the run's reward section
+
+
+class DifficultySection(_Section):
+    """Difficulty filtering (training/difficulty.py): a prompt every response of which was right (or wrong)
+    in each of its last `visits` visits is drawn no more."""
+
+    visits: int = Field(default=2, gt=0)  # k: the visits that must all agree
+    drop: Literal["all_right", "all_wrong", "both"] = "all_right"  # solved prompts, unsolved ones, or both
+
+
 class DataSection(_Section):
     train: SourceSection = SourceSection()
     eval: SourceSection | None = SourceSection(split="heldout")
@@ -71,6 +87,34 @@ class DataSection(_Section):
     seed: int = 0  # the order prompts are drawn in, and the built-in tasks' problems (both splits)
     order_seed: int | None = None  # the training prompts' order alone (default: seed); experiments vary it per seed
     accept_changed: bool = False  # resume although data.train's path or prompts changed since the run started (logged)
+    # a mixture: NAME -> {train, weight, reward}, read instead of data.train (docs/mixtures.md); None = data.train
+    sources: dict[str, MixtureSource] | None = None
+    difficulty: DifficultySection | None = None  # drop prompts that were all right / all wrong lately; None = off
+    # resume with another data section: a new round of training on new data (logged in RUN_DIR/rounds.jsonl)
+    new_round: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _train_null(cls, data):
+        """`data.train: null` beside `data.sources` (a recipe's data.train switched off on the command line)."""
+        if isinstance(data, dict) and "train" in data and data["train"] is None and data.get("sources") is not None:
+            data = {k: v for k, v in data.items() if k != "train"}
+        return data
+
+    @model_validator(mode="after")
+    def _one_kind_of_source(self) -> "DataSection":
+        if self.sources is None:
+            return self
+        if not self.sources:
+            raise _KeyedError("sources", "an empty mixture: name at least one source, or remove data.sources")
+        for name in self.sources:
+            if not name or not all(c.isalnum() or c in "_-" for c in name):
+                raise _KeyedError(f"sources.{name}", "a source's name is letters, digits, _ and - (it names "
+                                  "metrics: source/NAME/accuracy)")
+        if self.train != SourceSection():
+            raise _KeyedError("train", "a mixture reads data.sources: remove data.train or set it to null (or remove "
+                              "data.sources)")
+        return self
 
 
 class ObjectiveSection(_Section):
@@ -280,6 +324,9 @@ class RewardSection(_Section):
     on_error: Literal["raise", "wrong"] = "wrong"
 
 
+MixtureSource.model_rebuild()  # its `reward` is a RewardSection, defined after it
+
+
 class RunConfig(_Section):
     model: ModelSection = ModelSection()
     data: DataSection = DataSection()
@@ -413,6 +460,23 @@ class RunConfig(_Section):
                               f"trainer's log pi_old with the sampler's log mu; with recompute_old_logp=false they "
                               f"are the same array, every weight is 1 and nothing is masked: set it to true or "
                               f"leave it unset (it then follows the correction)")
+        return self
+
+    @model_validator(mode="after")
+    def _mixture_fits(self) -> "RunConfig":
+        """A data mixture's sources may each have their own reward functions: the reward is then one
+        number per response (`training/mixture.py`), so the objectives that read each function's
+        part or a rule's steps are not available with one."""
+        if self.data.sources is None:
+            return self
+        objective = self.objective_config
+        if objective.multi_reward == "normalize_then_sum":
+            raise _KeyedError("data.sources", "objective.multi_reward=normalize_then_sum combines each reward "
+                              "function's own reward, and a mixture's sources have their own functions: use "
+                              "multi_reward=sum, or one source")
+        if objective.needs_step_rewards:
+            raise _KeyedError("data.sources", f"advantage={objective.advantage!r} needs step rewards: not with a "
+                              f"mixture of sources yet")
         return self
 
     def _overlong_fits(self, context: dict) -> None:
@@ -557,6 +621,13 @@ def _anchor_paths(data: dict, config_dir: Path) -> None:
         file, _, attr = name.rpartition(":") if isinstance(name, str) and ".py:" in name else ("", "", "")
         if file and not Path(file).expanduser().is_absolute() and (config_dir / file).is_file():
             f["name"] = f"{(config_dir / file).resolve()}:{attr}"
+    sources = (data.get("data") or {}).get("sources") if isinstance(data.get("data"), dict) else None
+    for name in sources if isinstance(sources, dict) else []:  # a mixture's files (data.sources.NAME.train.name)
+        node = sources[name].get("train") if isinstance(sources[name], dict) else None
+        value = node.get("name") if isinstance(node, dict) else None
+        if isinstance(value, str) and value not in BUILT_IN_TASKS and not Path(value).expanduser().is_absolute() \
+                and (config_dir / value).exists():
+            node["name"] = str((config_dir / value).resolve())
     for keys in _PATH_KEYS:
         node = data
         for k in keys[:-1]:

@@ -177,7 +177,7 @@ def _table(cls: type[BaseModel], prefix: str, notes: dict[str, str],
             kind += f" ({bounds})"
         what = notes.get(name, "")
         if sub is not None:
-            what = (what + " " if what else "") + f"see [`{key}`](#{key.replace('.', '')})"
+            what = (what + " " if what else "") + f"see [`{key}`](#{key.replace('.', '').lower()})"
         value = getattr(defaults, name) if defaults is not None else None
         rows.append(f"| `{key}` | {_cell(kind)} | {_cell(_default(field, value))} | {_cell(what)} |")
     return rows, nested
@@ -196,7 +196,8 @@ def _section(key: str, cls: type[BaseModel], level: int, field=None) -> list[str
     rows, nested = _table(cls, f"{key}.", _comments(cls), instance if isinstance(instance, BaseModel) else None)
     lines += rows + [""]
     for sub_key, sub, sub_field in nested:
-        item = f"{sub_key}.N" if typing.get_origin(sub_field.annotation) is list else sub_key
+        container = {typing.get_origin(a) for a in (sub_field.annotation, *typing.get_args(sub_field.annotation))}
+        item = f"{sub_key}.N" if list in container else f"{sub_key}.NAME" if dict in container else sub_key
         lines += _section(item, sub, level + 1, sub_field)
     return lines
 

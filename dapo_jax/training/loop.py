@@ -31,6 +31,7 @@ from dapo_jax.training.checkpoint import Checkpointer
 from dapo_jax.training.compile_ahead import CompileAhead, abstract
 from dapo_jax.training.config import RunConfig
 from dapo_jax.training.critic import Critic
+from dapo_jax.training.difficulty import build_difficulty
 from dapo_jax.training.evaluate import eval_key, evaluate
 from dapo_jax.training.group_filter import GroupFilter
 from dapo_jax.training.guards import NonFiniteMonitor, Preemption, StepBoundary
@@ -101,27 +102,35 @@ def train(cfg: RunConfig) -> dict:
         # however the run ends, a started save completes (unless it failed or a peer process is gone)
         ckpt = cleanup.enter_context(Checkpointer(run_dir.path / "checkpoints", keep=cfg.train.keep_checkpoints))
         boundary = StepBoundary(preemption, ckpt)  # SIGTERM / SIGINT and failed saves, agreed by all processes
-        state, run = restore(cfg, ckpt, state, stream, say, critic.init_state if critic is not None else None)
+        state, run = restore(cfg, ckpt, state, stream, say, critic.init_state if critic is not None else None,
+                             new_round=run_dir.round_changes is not None)  # data.new_round (docs/mixtures.md)
         if group_filter is not None:
             group_filter.load_state_dict(run.group_filter)
+        difficulty = build_difficulty(cfg, stream)  # data.difficulty (training/difficulty.py), or None
+        if difficulty is not None:
+            difficulty.load_state_dict(run.difficulty)
+        if run_dir.round_changes is not None and run.data_round:
+            run_dir.record_round(run.step, run.data_round)  # RUN_DIR/rounds.jsonl
         run_dir.save_config()  # the run really starts here
         writer = MetricsWriter(run_dir.path, loggers=make_loggers(cfg, run_dir.path) if main else [], enabled=main,
                                resumed_from=run.step)  # repairs a torn last line; a missing file is warned of
         cleanup.callback(writer.close)
         key = jnp.asarray(run.rng, jnp.uint32)  # a raw PRNGKey; every use folds in (step, round)
         rollout_log = RolloutLog(run_dir.path, every=cfg.train.rollouts_every, sample=cfg.train.rollouts_sample,
-                                 tokenizer=tokenizer, enabled=main)  # what the model wrote: `dapo-jax show`
+                                 tokenizer=tokenizer, enabled=main,
+                                 sources=tuple(cfg.data.sources or ()))  # what the model wrote: `dapo-jax show`
         actor = Actor(cfg, programs.generate, programs.continuous, policy, stream, share, tokenizer, scorer,
-                      step_scorer, group_filter, rollout_log, key)
+                      step_scorer, group_filter, rollout_log, key, difficulty, tuple(cfg.data.sources or ()))
         learner = Learner(programs.prepare, programs.train_step, policy, ref_params, critic, batch_sharding(mesh),
                           reward_parts=objective.multi_reward == "normalize_then_sum",  # [P, G, K] (rewards/pipeline.py)
                           step_rewards=step_scorer is not None)
-        evaluation = Evaluation(programs.generate_eval, policy, eval_stream, tokenizer, scorer, eval_key(key),
+        evaluation = Evaluation(programs.generate_eval, policy, eval_stream, tokenizer, scorer.for_eval, eval_key(key),
                                 batch_sharding(mesh), cfg, writer, say)
         monitor = NonFiniteMonitor(cfg.train.max_nonfinite_steps, lambda: max(ckpt.all_steps(), default=None))
         prefetch = Prefetcher(actor.collect, context=lambda: jax.set_mesh(mesh), ready=run.prefetched)  # overlap.py
         cleanup.callback(prefetch.close)
-        checkpoint = functools.partial(save, ckpt, stream=stream, prefetch=prefetch, group_filter=group_filter)
+        checkpoint = functools.partial(save, ckpt, stream=stream, prefetch=prefetch, group_filter=group_filter,
+                                       difficulty=difficulty)
         # the rollout's sampler and the update compile on other threads during eval@0 and the first rollout
         ahead = _compile_ahead(cfg, actor, learner, state, run, scorer, mesh)
         cleanup.callback(ahead.close)

@@ -24,7 +24,8 @@ from dapo_jax.training.step import StepResult
 
 def counters(run: RunState, stream) -> dict:
     """The run's totals, in every row and in the final summary."""
-    return {"steps_skipped": run.steps_skipped, "prompts_dropped_too_long": stream.num_skipped}
+    rounds = {"data_round": run.data_round} if run.data_round else {}  # data.new_round (docs/mixtures.md)
+    return {"steps_skipped": run.steps_skipped, "prompts_dropped_too_long": stream.num_skipped, **rounds}
 
 
 def step_row(out: StepResult, run: RunState, stream, scorer) -> dict:
@@ -118,8 +119,10 @@ class Progress:
                 warnings.warn(nothing_kept(run.step, stats, self.cfg, self.run_dir), RuntimeWarning, stacklevel=2)
         self.bar.update(1)
         unscored = reward_unscored(row or {})
+        by_source = {f"acc/{k.split('/')[1]}": f"{v:.2f}" for k, v in stats.items()
+                     if k.startswith("source/") and k.endswith("/accuracy")}  # a data mixture's sources
         self.bar.set_postfix(reward=f"{stats.get('reward_mean', 0):.2f}", acc=f"{stats.get('accuracy', 0):.2f}",
-                             kept=f"{stats.get('kept_fraction', 0):.2f}", ent=f"{entropy_shown(out):.2f}",
+                             **by_source, kept=f"{stats.get('kept_fraction', 0):.2f}", ent=f"{entropy_shown(out):.2f}",
                              **({"unscored": unscored} if unscored else {}))
 
     def close(self) -> None:

@@ -25,6 +25,8 @@ from typing import Callable
 
 import numpy as np
 
+from dapo_jax.training.source_metrics import length_by_outcome
+
 
 class StarvationError(RuntimeError):
     """Dynamic sampling could not keep `train_batch` groups within `max_gen_batches` rounds."""
@@ -58,6 +60,10 @@ class Groups:
     # [N, G, K] each reward function's own reward, before its weight (`rewards/pipeline.py`): what
     # `multi_reward: normalize_then_sum` combines; None = no parts (K = 0)
     reward_parts: np.ndarray | None = None
+    # [N] int32: each prompt's source in a data mixture (data/mixture.py; 0 without one) and [N] int32 its
+    # index in that source: per-source metrics and difficulty filtering (training/difficulty.py); None = zeros
+    source: np.ndarray | None = None
+    prompt_index: np.ndarray | None = None
 
     def __post_init__(self):
         if self.entropy is None:
@@ -68,6 +74,9 @@ class Groups:
                             ("reward_parts", np.float32)):
             if getattr(self, name) is None:
                 setattr(self, name, np.zeros((*self.rewards.shape, 0), dtype))
+        for name, dtype in (("source", np.int32), ("prompt_index", np.int32)):
+            if getattr(self, name) is None:
+                setattr(self, name, np.zeros(self.rewards.shape[:1], dtype))
 
     def __len__(self) -> int:
         return int(self.prompt_ids.shape[0])
@@ -148,7 +157,8 @@ def collect_groups(
     Stats (fractions are over every group generated this step): `kept_fraction`,
     `all_correct_fraction`, `all_wrong_fraction`, `zero_adv_fraction`, `gen_rounds`, `carried_in`,
     `surplus`, and the generated responses' `reward_mean/std`, `accuracy`,
-    `response_length_mean/std/max`, `truncated_fraction`, `entropy_generated` (see `_round_stats`).
+    `response_length_mean/std/max`, `response_length_right_mean/wrong_mean` (Dr. GRPO's length inflation:
+    training/source_metrics.py), `truncated_fraction`, `entropy_generated` (see `_round_stats`).
     """
     kept: list[Groups] = []
     generated: list[Groups] = []
@@ -225,6 +235,7 @@ def _round_stats(g: Groups | None, n_kept_fresh: int, rounds: int) -> dict:
         "response_length_mean": float(lengths.mean()),
         "response_length_std": float(lengths.std()),
         "response_length_max": float(lengths.max()),
+        **length_by_outcome(g.lengths, g.correct),  # Dr. GRPO's length-inflation signal
         "truncated_fraction": float(g.truncated.mean()),
         "rollout_tokens": float(lengths.sum()),
         "entropy_generated": float(g.entropy.sum(dtype=np.float64) / max(lengths.sum(), 1.0)),

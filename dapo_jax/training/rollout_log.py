@@ -43,9 +43,12 @@ def _per_response(advantages, mask):
 
 
 class RolloutLog:
-    def __init__(self, run_dir: str | Path, *, every: int, sample: int, tokenizer, enabled: bool = True):
+    def __init__(self, run_dir: str | Path, *, every: int, sample: int, tokenizer, enabled: bool = True,
+                 sources: tuple[str, ...] = ()):
+        """`sources`: a data mixture's source names (data.sources): each group's line then names its own."""
         self.dir = Path(run_dir) / "rollouts"
         self.every, self.sample, self.tokenizer, self.enabled = every, sample, tokenizer, enabled
+        self.sources = tuple(sources)
         self._first = True
         # step -> [Groups, keep mask or None] per generation round of that watched step (per step: with
         # rollout.overlap the next step's rollout is watched before this step is written)
@@ -114,7 +117,8 @@ class RolloutLog:
             responses.append({"text": text, "reward": float(g.rewards[i, j]), "correct": bool(g.correct[i, j]),
                               "advantage": a, "length": n, "truncated": bool(g.truncated[i, j]),
                               "entropy": float(g.entropy[i, j].sum() / max(n, 1))})
-        return {"step": step, "round": r, "group": i, "kept": kept, "trained": trained_row is not None,
+        source = {"source": self.sources[int(g.source[i])]} if self.sources else {}  # a mixture's
+        return {"step": step, "round": r, "group": i, "kept": kept, "trained": trained_row is not None, **source,
                 "prompt": prompt, "responses": responses}
 
 

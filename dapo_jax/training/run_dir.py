@@ -29,7 +29,9 @@ from dapo_jax.training.config import ConfigError, RunConfig, save_config
 RESUMABLE_KEYS = {"train.steps", "train.max_samples", "train.progress", "train.tensorboard", "train.eval_every",
                   "train.checkpoint_every", "train.keep_checkpoints", "train.run_dir", "train.fresh_start",
                   "train.max_nonfinite_steps", "train.rollouts_every", "train.rollouts_sample", "train.loggers",
-                  "data.accept_changed"}
+                  "data.accept_changed", "data.new_round"}
+# What a new round of training (`data.new_round=true`) may change on resume: the data and its reward
+ROUND_KEYS = ("data.", "reward.")
 
 
 class RunDir:
@@ -39,6 +41,7 @@ class RunDir:
         if self.path.exists() and not self.path.is_dir():
             raise ConfigError(f"train.run_dir: {self.path} exists and is a file, not a directory")
         self._lock: filelock.BaseFileLock | None = None
+        self.round_changes: dict[str, tuple] | None = None  # a new round's changed keys: (before, after)
 
     def __enter__(self) -> "RunDir":
         import jax
@@ -76,11 +79,42 @@ class RunDir:
         if "rollout.recompute_old_logp" in diff and old.get("rollout.recompute_old_logp") is False \
                 and new.get("rollout.recompute_old_logp") is None and not self.cfg.recompute_old_logp:
             diff.remove("rollout.recompute_old_logp")
+        if diff and self.cfg.data.new_round and all(k.startswith(ROUND_KEYS) for k in diff):
+            self.round_changes = {k: (old.get(k), new.get(k)) for k in diff}  # the loop starts a new round
+            return
+        if diff and self.cfg.data.new_round:  # only the keys a new round may not change
+            others = [k for k in diff if not k.startswith(ROUND_KEYS)]
+            details = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in others[:6])
+            raise ConfigError(f"{saved_file}: data.new_round=true starts a new round on new data and reward "
+                              f"(data.*, reward.*), but other keys changed too ({details}): restore them, or use a "
+                              f"new train.run_dir")
         if diff:
             details = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diff[:6])
+            rounds = (" or, to go on training this checkpoint on the new data and reward (a new round), set "
+                      "data.new_round=true" if all(k.startswith(ROUND_KEYS) for k in diff) else "")
             raise ConfigError(f"{saved_file}: resuming this run with a different config ({details}); these keys "
                               f"change the trajectory (only the mesh, train.steps, evaluation, checkpoint and "
-                              f"logging keys may change on resume): use a new train.run_dir")
+                              f"logging keys may change on resume): use a new train.run_dir{rounds}")
+
+    def record_round(self, step: int, data_round: int) -> Path:
+        """Appends the new round's line to RUN_DIR/rounds.jsonl: the round, the step it starts after, when,
+        and each changed key's value before and after; keeps the config of the round that ended as
+        RUN_DIR/config.round-(N-1).yaml."""
+        import json
+
+        import jax
+
+        path = self.path / "rounds.jsonl"
+        if jax.process_index() != 0:
+            return path
+        saved = self.path / "config.yaml"
+        if saved.exists():
+            (self.path / f"config.round-{data_round - 1}.yaml").write_text(saved.read_text())
+        row = {"round": data_round, "after_step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+               "changed": {k: list(v) for k, v in (self.round_changes or {}).items()}}
+        with open(path, "a") as f:
+            f.write(json.dumps(row, default=str) + "\n")
+        return path
 
     def save_config(self) -> Path:
         import jax

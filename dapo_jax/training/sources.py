@@ -136,7 +136,8 @@ class RunScorer(RewardPipeline):
         self._scored = dict.fromkeys(self.part_names, 0)
         self._counts: dict[str, int] = {}
 
-    def score(self, responses, truths, *, prompts=None, rows=None):
+    def score(self, responses, truths, *, prompts=None, rows=None, sources=None):
+        """`sources`: each row's data source, for a mixture's scorer (training/mixture.py); one source here."""
         try:
             out = super().score(responses, truths, prompts=prompts, rows=rows)
         except NonFiniteReward as e:
@@ -177,6 +178,11 @@ class RunScorer(RewardPipeline):
             self._counts = {}
         return counts
 
+    @property
+    def for_eval(self) -> "RunScorer":
+        """The scorer of held-out evaluation: this one (a mixture's is its run's `reward` section's)."""
+        return self
+
     def step_scorer(self, tokenizer, **kwargs):
         inner = super().step_scorer(tokenizer, **kwargs)
 
@@ -194,7 +200,7 @@ def _short(value, limit: int = 60) -> str:
     return text if len(text) <= limit else f"{text[:limit]}..."
 
 
-def make_scorer(reward_cfg, objective, *, tokenizer=None, max_length: int | None = None):
+def make_scorer(reward_cfg, objective, *, tokenizer=None, max_length: int | None = None, key: str = "reward"):
     """A `rewards.pipeline.RewardPipeline`: `(responses, truths, prompts=None) -> (rewards [N] float32,
     correct [N] bool, answer keys [N])`, and `.score(...)` for every function's part.
 
@@ -205,7 +211,8 @@ def make_scorer(reward_cfg, objective, *, tokenizer=None, max_length: int | None
     in metrics by `custom.label`). `correct` and the answer keys (for maj@k) are the first rule function's.
     `tokenizer`: the policy's (to strip its chat template off the prompts a reward model reads, and the
     `cosine` reward's token counts); `max_length`: the run's prompt + response tokens (a reward model's
-    default row length).
+    default row length); `key`:
+    the config section, for errors (a mixture source's: `data.sources.NAME.reward`).
     """
     from dapo_jax.rewards import make_reward
     from dapo_jax.rewards.reward_model import LEARNED_REWARDS, make_learned_reward
@@ -223,7 +230,7 @@ def make_scorer(reward_cfg, objective, *, tokenizer=None, max_length: int | None
                 extra = {"tokenizer": tokenizer} if f.name == "cosine" and tokenizer is not None else {}
                 fn = make_reward(f.name, right=right, wrong=wrong, **f.options, **extra)
         except (KeyError, TypeError, ValueError, OSError) as e:
-            raise DataError(f"reward.functions.{i} ({f.name!r}): {e}") from e
+            raise DataError(f"{key}.functions.{i} ({f.name!r}): {e}") from e
         functions.append((custom_label(f.name) if is_custom_name(f.name) else f.name, fn, f.weight))
     return RunScorer(functions, on_error=reward_cfg.on_error, policy_tokenizer=tokenizer)
 
@@ -236,34 +243,42 @@ def make_data(cfg, tokenizer, objective, *, sample: int = 8):
     truth scored as a response to itself), a user function called once on the first row (likewise), and
     every ground truth read by each function that reads one (`unreadable_truths`), so a bad row, field,
     file, reward or reward option fails in seconds, naming it.
+    A mixture (`data.sources`) or difficulty filtering (`data.difficulty`): a `data.mixture.MixtureStream`
+    and each source's own reward functions (training/mixture.py).
     """
+    from dapo_jax.training.mixture import make_mixture
+
     max_len = cfg.data.max_prompt_length
-    stream = make_stream(cfg.data.train, tokenizer, max_prompt_length=max_len, seed=cfg.data.seed,
-                         order_seed=cfg.data.order_seed)
+    scorer = make_scorer(cfg.reward, objective, tokenizer=tokenizer,
+                         max_length=max_len + cfg.rollout.max_new_tokens)
+    if cfg.data.sources is None and cfg.data.difficulty is None:
+        stream = make_stream(cfg.data.train, tokenizer, max_prompt_length=max_len, seed=cfg.data.seed,
+                             order_seed=cfg.data.order_seed)
+        checks = [("data.train", stream, scorer)]
+    else:
+        stream, train_scorer, checks = make_mixture(cfg, tokenizer, objective, default=scorer)
     eval_stream = None
     if cfg.data.eval is not None:
         eval_stream = make_stream(cfg.data.eval, tokenizer, max_prompt_length=max_len, seed=cfg.data.seed,
                                   shuffle=False, key="data.eval")
-    scorer = make_scorer(cfg.reward, objective, tokenizer=tokenizer,
-                         max_length=max_len + cfg.rollout.max_new_tokens)
-    # the rule functions on the sources' first answers; each user function once, on the first row (its
-    # import and signature were checked by make_scorer); make_scorer has checked each reward model's folder
-    rules = [f for f in scorer.functions if not isinstance(f[1], (LearnedReward, CustomReward))]
-    strict = RunScorer(rules, on_error="raise") if rules else None
-    if strict is not None:
-        strict.require_scored = False  # a few rows: unreadable_truths judges the whole source
-    for name, s in (("data.train", stream), ("data.eval", eval_stream)):
-        if s is None:
-            continue
-        unreadable_truths(scorer, s, name)
+        checks.append(("data.eval", eval_stream, scorer))
+    # each source's rule functions on its first answers, its ground truths through each function that reads
+    # one, and each user function once on its first row (import and signature were checked by make_scorer;
+    # make_scorer has checked each reward model's folder)
+    for name, s, source_scorer in checks:
+        unreadable_truths(source_scorer, s, name)
         examples = s.examples[:sample]
         answers = [e.answer for e in examples]
+        rules = [f for f in source_scorer.functions if not isinstance(f[1], (LearnedReward, CustomReward))]
+        strict = RunScorer(rules, on_error="raise") if rules else None
+        if strict is not None:
+            strict.require_scored = False  # a few rows: unreadable_truths judges the whole source
         try:
             if strict is not None:
                 strict(answers, answers)
         except DataError as e:
             raise DataError(f"{name}: the reward cannot score this source's answers: {e}") from e
-        for j, (fn_name, fn, _) in enumerate(scorer.functions):
+        for j, (fn_name, fn, _) in enumerate(source_scorer.functions):
             if isinstance(fn, CustomReward) and examples:
                 first = examples[0]
                 try:
@@ -271,7 +286,7 @@ def make_data(cfg, tokenizer, objective, *, sample: int = 8):
                 except CustomRewardError as e:
                     raise DataError(f"reward.functions.{j}: {e} (on {name} row {first.index}, its ground truth "
                                     f"{_short(first.answer)} as the response)") from e
-    return stream, eval_stream, scorer
+    return stream, eval_stream, (scorer if cfg.data.sources is None else train_scorer)
 
 
 def unreadable_truths(scorer, stream, name: str) -> None:

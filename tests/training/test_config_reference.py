@@ -17,7 +17,8 @@ def test_the_committed_reference_is_the_generated_one():
 def test_every_key_is_listed_with_what_it_does():
     text = render()
     rows = dict(re.findall(r"^\| `([\w.]+)` \|.*\| ([^|]*) \|$", text, flags=re.M))
-    keys = [k.replace("reward.functions.", "reward.functions.N.") for k in _all_keys()]
+    keys = [k.replace("reward.functions.", "reward.functions.N.").replace("data.sources.", "data.sources.NAME.")
+            for k in _all_keys()]
     keys = [k for k in keys if not k.startswith("objective.")] + [f"objective.{k}" for k in ObjectiveConfig.model_fields]
     assert sorted(set(keys) - set(rows)) == []
     assert sorted(k for k in keys if not rows[k].strip()) == [], "comment these keys in their config class"

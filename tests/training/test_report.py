@@ -80,3 +80,21 @@ def test_the_bar_names_each_reward_that_could_not_score():
     assert reward_unscored(row) == "gsm8k:u12 my:acc:f3"
     assert reward_unscored({**row, "reward_unreadable/my:acc": 1}) == "gsm8k:u12 my:acc:f3,u1"
     assert reward_unscored({"reward_failures/gsm8k": 0, "reward_unreadable/gsm8k": 0}) == ""
+
+
+def test_the_bar_shows_each_source_s_accuracy_and_the_row_the_data_round(tmp_path):
+    cfg = load_config("tiny_dapo")
+    progress = Progress(cfg, 0, enabled=True, run_dir=tmp_path)
+    progress.update(result({"entropy": 0.5}, accuracy=0.5, **{"source/math/accuracy": 0.25,
+                                                             "source/code/accuracy": 0.75}), RunState(step=1, rng=None))
+    assert "acc/math=0.25" in progress.bar.postfix and "acc/code=0.75" in progress.bar.postfix
+    progress.close()
+
+    class Stream:
+        num_skipped = 0
+
+    class Scorer:
+        part_names = ("reward",)
+
+    assert "data_round" not in step_row(result(), RunState(step=1, rng=None), Stream(), Scorer())
+    assert step_row(result(), RunState(step=1, rng=None, data_round=2), Stream(), Scorer())["data_round"] == 2

@@ -92,3 +92,25 @@ def test_a_real_run_logs_consistent_groups_and_compiles_nothing_after_step_1(tin
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     counts = [r["compilations"] for r in rows if "grad_norm" in r]
     assert counts == [counts[0]] * len(counts)
+
+
+def test_a_mixture_s_groups_name_their_source_and_show_prints_it(tmp_path):
+    import io
+
+    from dapo_jax.show import show_rollouts
+
+    g = fake_groups(3)
+    g.source = np.array([1, 0, 1], np.int32)
+    log = RolloutLog(tmp_path, every=1, sample=4, tokenizer=TOK, sources=("math", "code"))
+    sample, _ = log.watch(1, lambda i: g, None)
+    batch, _, _ = collect_groups(sample, None, train_batch=3, max_gen_batches=1)
+    log.write(1, batch, None)
+    _, lines = read_rollouts(tmp_path)
+    assert [d["source"] for d in lines] == ["code", "math", "code"]
+    out = io.StringIO()
+    show_rollouts(tmp_path, file=out, plain=True)
+    assert "round 0 group 0 (code):" in out.getvalue() and "round 0 group 1 (math):" in out.getvalue()
+    alone = RolloutLog(tmp_path / "one", every=1, sample=4, tokenizer=TOK)  # no mixture: no source key
+    sample, _ = alone.watch(1, lambda i: g, None)
+    alone.write(1, collect_groups(sample, None, train_batch=3, max_gen_batches=1)[0], None)
+    assert all("source" not in d for d in read_rollouts(tmp_path / "one")[1])

@@ -69,3 +69,26 @@ def test_recompute_old_logp_false_saved_by_an_older_version_equals_unset_when_it
     RunDir(cfg(run)).check_same_config()  # same dtypes, no correction: resolves to False
     with pytest.raises(ConfigError, match="recompute_old_logp"):  # a bfloat16 sampler would recompute
         RunDir(cfg(run, "rollout.sampler_dtype=bfloat16")).check_same_config()
+
+
+def test_a_new_round_may_change_the_data_and_the_reward_only_when_asked(tmp_path):
+    import json
+
+    run = tmp_path / "r"
+    RunDir(cfg(run)).save_config()
+    change = ["data.train.options={max_operand: 9, heldout_size: 20}", "reward.functions=[{name: integer}]"]
+    with pytest.raises(ConfigError, match=r"different config \(data.train.options.*set data.new_round=true$"):
+        RunDir(cfg(run, *change)).check_same_config()
+    plain = RunDir(cfg(run, "data.new_round=true"))  # nothing changed: a plain resume, the flag does nothing
+    plain.check_same_config()
+    assert plain.round_changes is None
+    with pytest.raises(ConfigError, match=r"other keys changed too \(optim.lr: 0.0003 -> 0.1\)"):
+        RunDir(cfg(run, *change, "data.new_round=true", "optim.lr=0.1")).check_same_config()
+    new = RunDir(cfg(run, *change, "data.new_round=true"))
+    new.check_same_config()
+    assert new.round_changes["data.train.options.max_operand"] == (99, 9)
+    assert new.round_changes["reward.functions"][1] == [{"name": "integer", "weight": 1.0, "options": {}, "path": None}]
+    new.record_round(step=40, data_round=1)
+    row = json.loads((run / "rounds.jsonl").read_text())
+    assert row["round"] == 1 and row["after_step"] == 40 and row["changed"]["data.train.options.heldout_size"] == [400, 20]
+    assert (run / "config.round-0.yaml").read_text() == (run / "config.yaml").read_text()
