@@ -19,6 +19,7 @@ prompt is skipped raises `SourceExhausted` (one line naming it), never an endles
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -51,7 +52,7 @@ class MixtureStream:
             raise ValueError("a mixture's streams must share their buckets and pad id (one tokenizer, one "
                              "max_prompt_length)")
         for s, stream in enumerate(self.streams):  # each example says which source it is from
-            stream.examples = [e if e.source == s else PromptExample(e.ids, e.text, e.answer, e.index, s)
+            stream.examples = [e if e.source == s else dataclasses.replace(e, source=s)
                                for e in stream.examples]
         self.seed = seed
         self.drawn = 0

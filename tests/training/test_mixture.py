@@ -103,7 +103,7 @@ def test_mixture_scorer_counts_each_source_s_failures_in_row_order():
     class Failing:
         learned = []
 
-        def score(self, responses, truths, *, prompts=None):
+        def score(self, responses, truths, *, prompts=None, rows=None):
             out = boom.score(responses, truths)
             return out._replace(num_errors=1, error_rows=(len(responses) - 1,))
 
