@@ -19,6 +19,8 @@ name            check
 ``synthetic``   the embedded task: the whole response is the answer's integer
 ``cot``         the chain-of-thought task: the last non-blank line is ``Answer: N``, N the integer
 ``format``      not a correctness reward: ``bonus`` when the response has the required layout
+``code``        the response's program passes the row's tests, run in the sandbox (rewards/code.py)
+``countdown``   the response's expression reaches the row's target, evaluated in the sandbox
 =============== =============================================================================
 
 :func:`combine` makes a weighted sum ``r = Σ_i w_i r_i(response, truth)`` (e.g. R1's accuracy +
@@ -38,6 +40,8 @@ import numpy as np
 
 from dapo_jax.data import cot, synthetic
 from dapo_jax.rewards import check
+from dapo_jax.rewards.code import make_code_reward
+from dapo_jax.rewards.countdown import make_countdown_reward
 
 __all__ = [
     "RewardFn",
@@ -173,7 +177,9 @@ _RULES: dict[str, tuple[Callable[..., bool], Callable[..., str | None]]] = {
     # with its Answer line (an unfinished or still-rambling response is wrong)
     "cot": (cot.is_correct, cot.extract_answer),
 }
-REWARDS: tuple[str, ...] = (*_RULES, "format")
+# rewards that run the response in the sandbox (rewards/sandbox.py): name -> builder(right=, wrong=, **options)
+_SANDBOXED: dict[str, Callable[..., RewardFn]] = {"code": make_code_reward, "countdown": make_countdown_reward}
+REWARDS: tuple[str, ...] = (*_RULES, "format", *_SANDBOXED)
 
 
 def make_reward(name: str, *, right: float = 1.0, wrong: float = -1.0, **options) -> RewardFn:
@@ -185,6 +191,8 @@ def make_reward(name: str, *, right: float = 1.0, wrong: float = -1.0, **options
     """
     if name == "format":
         return FormatReward(**options)
+    if name in _SANDBOXED:
+        return _SANDBOXED[name](right=right, wrong=wrong, **options)
     if name not in _RULES:
         raise KeyError(f"unknown reward {name!r}; known: {', '.join(REWARDS)}")
     fn, key = _RULES[name]
@@ -264,6 +272,13 @@ def score_batch(
         raise ValueError(f"score_batch: {len(responses)} responses but {len(truths)} truths")
     scorer = getattr(fn, "score", None)
     wrong_value = float(getattr(fn, "wrong", 0.0))
+    many = getattr(fn, "score_many", None)  # a batch at once (the sandboxed rewards: concurrent processes)
+    if many is not None and len(responses) > 1:
+        try:
+            rewards, correct = many(responses, truths)
+            return BatchScores(np.asarray(rewards, np.float32).reshape(-1), np.asarray(correct, bool).reshape(-1), 0, ())
+        except Exception:  # scored row by row below, where a failing row is named (or scored wrong)
+            pass
 
     def one(i: int) -> tuple[float, bool, bool]:
         try:

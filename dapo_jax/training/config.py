@@ -245,7 +245,8 @@ class TrainSection(_Section):
 
 
 class RewardFunction(_Section):
-    # dapo_jax.rewards.REWARDS (integer, dapo_answer, gsm8k, boxed, math_verify, format, synthetic, cot), or a
+    # dapo_jax.rewards.REWARDS (integer, dapo_answer, gsm8k, boxed, math_verify, format, synthetic, cot, code,
+    # countdown; the last two run the response in the sandbox, rewards/sandbox.py), or a
     # learned reward model (rewards/reward_model.py): reward_model (outcome), process_reward_model (steps)
     name: str
     weight: float = 1.0  # its weight in the combined reward
@@ -506,7 +507,7 @@ def parse_overrides(overrides: list[str] | tuple[str, ...]) -> list[tuple[str, A
     return parsed
 
 
-BUILT_IN_TASKS = ("synthetic", "cot")  # data sources generated in code; `options` are theirs alone
+BUILT_IN_TASKS = ("synthetic", "cot", "countdown")  # data sources generated in code; `options` are theirs alone
 _PATH_KEYS = (("model", "path"), ("data", "train", "name"), ("data", "eval", "name"))
 
 
