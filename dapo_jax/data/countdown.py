@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from fractions import Fraction
 
 SPLITS = ("train", "heldout")
@@ -36,22 +37,28 @@ def _check_knobs(count: int, max_number: int, max_target: int) -> None:
 def _draw(seed: int, stream: str, index: int, count: int, max_number: int) -> tuple[list[int], str]:
     """The numbers and a random expression over them (a pure function of the arguments)."""
     x = int.from_bytes(hashlib.sha512(f"{seed}:{stream}:{index}".encode()).digest(), "big")
-    numbers = []
-    for _ in range(count):
-        x, v = divmod(x, max_number)
-        numbers.append(v + 1)
+
+    def choose(n: int) -> int:  # successive divmods of one 512-bit hash
+        nonlocal x
+        x, v = divmod(x, n)
+        return v
+
+    numbers = [choose(max_number) + 1 for _ in range(count)]
+    return numbers, random_expression(numbers, choose)
+
+
+def random_expression(numbers: list[int], choose: Callable[[int], int]) -> str:
+    """An expression using each of ``numbers`` once with ``+ - *``: two random terms are joined by a
+    random op until one is left. ``choose(n)`` returns an int in ``[0, n)`` (the randomness)."""
     terms = [str(n) for n in numbers]
-    while len(terms) > 1:  # join two random terms with a random op until one expression is left
-        x, i = divmod(x, len(terms))
-        a = terms.pop(i)
-        x, j = divmod(x, len(terms))
-        b = terms.pop(j)
-        x, k = divmod(x, len(OPS))
-        op = OPS[k]
+    while len(terms) > 1:
+        a = terms.pop(choose(len(terms)))
+        b = terms.pop(choose(len(terms)))
+        op = OPS[choose(len(OPS))]
         right = f"({b})" if (op != "+" and not b.isdigit()) else b  # a-(b+c), a*(b-c)
         left = f"({a})" if (op == "*" and not a.isdigit() and ("+" in a or "-" in a)) else a
         terms.append(f"{left}{op}{right}")
-    return numbers, terms[0]
+    return terms[0]
 
 
 def value(expression: str) -> Fraction:

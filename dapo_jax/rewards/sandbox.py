@@ -40,7 +40,6 @@ import dataclasses
 import logging
 import os
 import platform
-import resource
 import secrets
 import selectors
 import shutil
@@ -97,13 +96,18 @@ class SandboxResult(NamedTuple):
         return self.status == "passed"
 
 
-# The harness runs inside the sandbox as `python -c HARNESS FD`: reads `token \n program` from stdin,
-# installs the no-new-processes seccomp filter, runs the program, and writes the token to FD only if
-# the program returned normally. Trusted code: it is part of this module, not model output.
+# The harness runs inside the sandbox as `python -c HARNESS FD LIMITS...`: sets the rlimits, reads
+# `token \n program` from stdin, installs the no-new-processes seccomp filter, runs the program, and
+# writes the token to FD only if the program returned normally. Trusted code: part of this module,
+# not model output. (The limits are set here, not in a `preexec_fn`: running Python between fork and
+# exec in a multithreaded trainer, as JAX's is, can deadlock.)
 _HARNESS = r"""
-import ctypes, os, struct, sys, traceback
+import ctypes, os, resource, struct, sys, traceback
 def _main():
     fd = int(sys.argv[1])
+    for name, value in zip(("CPU", "AS", "FSIZE", "CORE", "NOFILE", "NPROC"), sys.argv[2:]):
+        soft, _, hard = value.partition(":")
+        resource.setrlimit(getattr(resource, "RLIMIT_" + name), (int(soft), int(hard)))
     data = sys.stdin.buffer.read()
     sys.stdin.close()
     sys.stdin = open(os.devnull)
@@ -211,7 +215,7 @@ class Sandbox:
         return "" if r.passed else f"a trivial program gave {r.status} (exit {r.returncode}): {r.stderr.strip()[-300:]}"
 
     def _command(self, mode: str, fd: int) -> list[str]:
-        python = [_python(), "-I", "-S", "-B", "-c", _HARNESS, str(fd)]
+        python = [_python(), "-I", "-S", "-B", "-c", _HARNESS, str(fd), *self._rlimits()]
         if mode == "bwrap":
             scratch = self.limits.scratch_mb << 20
             return [_bwrap_path(), "--unshare-all", "--unshare-user", "--uid", "65534", "--gid", "65534",
@@ -221,15 +225,13 @@ class Sandbox:
                     *python]
         return ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", *python]
 
-    def _set_limits(self) -> None:
-        """preexec_fn: the kernel's limits, inherited through bwrap/unshare into the program."""
+    def _rlimits(self) -> list[str]:
+        """The harness's `soft:hard` arguments for RLIMIT_CPU, AS, FSIZE, CORE, NOFILE, NPROC."""
         lim = self.limits
-        mem = lim.memory_mb << 20
-        for res, value in ((resource.RLIMIT_CPU, (lim.cpu_s, lim.cpu_s + 1)), (resource.RLIMIT_AS, (mem, mem)),
-                           (resource.RLIMIT_FSIZE, (lim.scratch_mb << 20,) * 2), (resource.RLIMIT_CORE, (0, 0)),
-                           (resource.RLIMIT_NOFILE, (lim.open_files, lim.open_files)),
-                           (resource.RLIMIT_NPROC, (lim.max_threads + 8,) * 2)):  # +8: bwrap's own processes
-            resource.setrlimit(res, value)
+        mem, fsize = lim.memory_mb << 20, lim.scratch_mb << 20
+        pairs = ((lim.cpu_s, lim.cpu_s + 1), (mem, mem), (fsize, fsize), (0, 0), (lim.open_files, lim.open_files),
+                 (lim.max_threads, lim.max_threads))
+        return [f"{soft}:{hard}" for soft, hard in pairs]
 
     # ------------------------------------------------------------------ running
     def run(self, source: str) -> SandboxResult:
@@ -252,8 +254,7 @@ class Sandbox:
             try:
                 proc = subprocess.Popen(
                     self._command(mode, status_w), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE, pass_fds=(status_w,), cwd=scratch, start_new_session=True,
-                    preexec_fn=self._set_limits, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": scratch},
+                    stderr=subprocess.PIPE, pass_fds=(status_w,), cwd=scratch, start_new_session=True, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": scratch},
                 )
             except BaseException:
                 os.close(status_r)
