@@ -188,3 +188,16 @@ def test_hostile_responses_are_contained_with_the_wrong_reward(tmp_path):
     assert not any(correct)
     assert not escaped.exists() and received == []
     assert reward("print('fine')", "pass") == 1.0  # and the reward still works after all that
+
+
+def test_no_sandbox_is_one_line_naming_the_reward_before_the_model_loads(monkeypatch):
+    from dapo_jax.rewards import sandbox
+    from dapo_jax.training.config import RewardSection
+    from dapo_jax.training.sources import DataError, make_scorer
+
+    monkeypatch.setattr(sandbox, "_bwrap_path", lambda: None)
+    cfg = RewardSection(functions=[{"name": "format"}, {"name": "code", "options": {"mode": "bwrap"}}])
+    objective = type("Objective", (), {"reward_correct": 1.0, "reward_wrong": 0.0})()
+    with pytest.raises(DataError, match=r"reward.functions.1 \('code'\): bubblewrap cannot run here") as e:
+        make_scorer(cfg, objective)
+    assert "\n" not in str(e.value)
