@@ -201,3 +201,12 @@ def test_no_sandbox_is_one_line_naming_the_reward_before_the_model_loads(monkeyp
     with pytest.raises(DataError, match=r"reward.functions.1 \('code'\): bubblewrap cannot run here") as e:
         make_scorer(cfg, objective)
     assert "\n" not in str(e.value)
+
+
+def test_a_config_accepts_the_code_reward_and_rejects_its_bad_options():
+    from dapo_jax.training.config import ConfigError, load_config
+
+    cfg = load_config(None, ["reward.functions=[{name: code, options: {partial: true}}]"])
+    assert [(f.name, f.options) for f in cfg.reward.functions] == [("code", {"partial": True})]
+    with pytest.raises(ConfigError, match="reward.functions.0.name"):
+        load_config(None, ["reward.functions=[{name: kode}]"])

@@ -31,7 +31,8 @@ def test_registry_errors_name_the_bad_key():
         F.make_reward("nope")
     with pytest.raises(TypeError, match="flexibel"):
         F.make_reward("gsm8k", flexibel=False)
-    assert set(F.REWARDS) == {"dapo_answer", "boxed", "gsm8k", "integer", "math_verify", "synthetic", "cot", "format"}
+    assert set(F.REWARDS) == {"dapo_answer", "boxed", "gsm8k", "integer", "math_verify", "synthetic", "cot", "format",
+                              "code", "countdown"}
 
 
 def test_synthetic_reward_is_the_whole_response_as_an_integer():
