@@ -13,7 +13,9 @@ one line per seed and their mean; the table gives step 0 and the last step, mean
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -51,18 +53,33 @@ def main(argv=None) -> int:
           f"| {', '.join(map(str, curves))} | {m0:.3f} ± {s0 or 0:.3f} | {m1:.3f} ± {s1 or 0:.3f} |")
     for s, (x, y) in curves.items():
         print(f"seed {s}: " + ", ".join(f"{int(a)}: {b:.3f}" for a, b in zip(x, y)))
-    plot(curves, args.figure)
-    print(f"figure: {rel(args.figure)}; machine: {machine()}")
+    where = machine()
+    footer = (f"{time.strftime('%Y-%m-%d', time.gmtime())}, commit {commit()}, {where}\n"
+              f"python scripts/countdown_seeds.py --seeds {' '.join(map(str, args.seeds))} --steps {args.steps}")
+    plot(curves, args.figure, footer)
+    print(f"figure: {rel(args.figure)}; machine: {where}")
     return 1 if failed else 0
 
 
-def plot(curves: dict[int, tuple[np.ndarray, np.ndarray]], path: Path) -> None:
+def commit() -> str:
+    """The checkout's short commit, with `+changes` when the working tree differs from it."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (head or "unknown") + ("+changes" if dirty else "")
+
+
+def plot(curves: dict[int, tuple[np.ndarray, np.ndarray]], path: Path, footer: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(7, 4.6))
     for s, (x, y) in curves.items():
         ax.plot(x, y, alpha=0.5, marker="o", ms=3, label=f"seed {s}")
     common = min(len(x) for x, _ in curves.values())
@@ -70,11 +87,12 @@ def plot(curves: dict[int, tuple[np.ndarray, np.ndarray]], path: Path) -> None:
     ax.plot(x, np.mean([y[:common] for _, y in curves.values()], axis=0), color="k", lw=2, label="mean")
     ax.set_xlabel("DAPO step (16 prompts x 8 responses)")
     ax.set_ylabel("held-out accuracy (avg@4, T=1)")
-    ax.set_title("Countdown (3 numbers 1-9, target <= 50): DAPO from countdown_base")
+    ax.set_title("DAPO on Countdown (3 numbers 1-9, target <= 50), from countdown_base", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend()
+    fig.text(0.01, 0.01, footer, fontsize=7, color="0.35", va="bottom")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=110)
 
 
