@@ -4,8 +4,8 @@
     reward = make_reward("code", right=1.0, wrong=0.0, partial=True)   # the fraction passed
     reward(response, tests)
 
-``tests`` comes from the data row: one Python source, or a list of them (or a JSON array of them,
-which is how a list travels through a string answer column). Test ``j`` passes when the program
+``tests`` comes from the data row: one Python source, or a list of them (or a string holding such a
+list, as JSON or Python's repr: how a list column travels through the string answer). Test ``j`` passes when the program
 
     <the response's code> + "\\n" + tests[j]
 
@@ -26,6 +26,7 @@ calling process.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import re
@@ -48,17 +49,22 @@ def extract_code(response: str) -> str:
 
 
 def parse_tests(tests: Any) -> list[str]:
-    """``tests`` as a list of sources: a list as is, a JSON array of strings, else the one source.
+    """``tests`` as a list of sources: a list as is; a string holding a list of strings, as JSON or as
+    Python's repr (how a list column reaches the answer string: ``str(value)``), parsed as a literal
+    (``ast.literal_eval``: data, never run); else the string is the one source.
 
     Raises ValueError for anything else (a list holding a non-string)."""
     if isinstance(tests, str):
         text = tests.strip()
         if text.startswith("["):
-            try:
-                parsed = json.loads(text)
-            except ValueError:
-                parsed = None
-            if isinstance(parsed, list) and all(isinstance(t, str) for t in parsed):
+            parsed = None
+            for parse in (json.loads, ast.literal_eval):
+                try:
+                    parsed = parse(text)
+                    break
+                except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                    continue
+            if isinstance(parsed, list) and all(isinstance(t, str) for t in parsed):  # [] = no tests
                 return parsed
         return [tests]
     if isinstance(tests, Sequence) and all(isinstance(t, str) for t in tests):

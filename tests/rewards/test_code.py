@@ -55,7 +55,8 @@ def test_parse_tests():
     assert parse_tests("assert f() == 1") == ["assert f() == 1"]
     assert parse_tests(["a", "b"]) == ["a", "b"]
     assert parse_tests(json.dumps(["assert 1", "assert 2"])) == ["assert 1", "assert 2"]
-    assert parse_tests("[1, 2]") == ["[1, 2]"]  # a JSON array of non-strings is a (trivial) source
+    assert parse_tests(str(["assert 1", "assert 'x'"])) == ["assert 1", "assert 'x'"]  # Python's repr
+    assert parse_tests("[1, 2]") == ["[1, 2]"]  # a list of non-strings is a (trivial) source
     with pytest.raises(ValueError, match="tests must be"):
         parse_tests([1, 2])
 
@@ -125,6 +126,7 @@ def test_partial_credit_is_the_fraction_passed():
     assert all_or_nothing.score(code, tests[:2]) == (1.0, True)
     assert all_or_nothing.score("", tests) == (-1.0, False)  # nothing to run
     assert all_or_nothing.score(code, []) == (-1.0, False)  # nothing to pass
+    assert all_or_nothing.score(code, "[]") == (-1.0, False)  # an empty list column, not a passing program
 
 
 def test_tests_see_the_responses_definitions_in_one_program(reward):
@@ -210,3 +212,16 @@ def test_a_config_accepts_the_code_reward_and_rejects_its_bad_options():
     assert [(f.name, f.options) for f in cfg.reward.functions] == [("code", {"partial": True})]
     with pytest.raises(ConfigError, match="reward.functions.0.name"):
         load_config(None, ["reward.functions=[{name: kode}]"])
+
+
+def test_a_list_column_read_through_a_data_file_keeps_its_tests(tmp_path, reward):
+    """A jsonl `tests` column holding a list reaches the reward as the answer string (its repr); it must
+    stay three tests (not one trivially passing list expression)."""
+    from dapo_jax.data.datasets import load_problems
+
+    path = tmp_path / "code.jsonl"
+    row = {"q": "Write f(x) = 2x.", "tests": ["assert f(1) == 2", "assert f(2) == 4", "assert f(3) == 7"]}
+    path.write_text(json.dumps(row) + "\n")
+    (problem,) = load_problems(path, format="custom", problem_field="q", answer_field="tests")
+    partial = make_reward("code", right=1.0, wrong=0.0, partial=True)
+    assert partial.score("def f(x):\n    return 2 * x", problem.answer) == pytest.approx((2 / 3, False))
