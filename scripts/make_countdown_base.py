@@ -83,7 +83,7 @@ def make_evaluator(tok, graphdef, heldout):
         ids, mask = np.asarray(out.response_ids[:, 0]), np.asarray(out.response_mask[:, 0])
         texts = [tok.decode([int(i) for i, m in zip(row, ms) if m], skip_special_tokens=True)
                  for row, ms in zip(ids, mask)]
-        _, ok = reward.score_many(texts, [r["answer"] for r in heldout])
+        _, ok, _ = reward.score_many(texts, [r["answer"] for r in heldout])
         return float(np.mean(ok)), np.asarray(out.lengths[:, 0]), texts
 
     return evaluate

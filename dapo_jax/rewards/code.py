@@ -87,13 +87,24 @@ class CodeReward:
         return self.sandbox.max_concurrent
 
     def fraction_passed(self, response: str, tests: Any) -> float:
-        return self.fractions([response], [tests])[0]
+        """The fraction of ``tests`` that ``response`` passes; raises ValueError when they are not sources."""
+        fractions, failed = self.fractions([response], [tests])
+        if failed:
+            raise ValueError(failed[0])
+        return fractions[0]
 
-    def fractions(self, responses: Sequence[str], tests: Sequence[Any]) -> list[float]:
-        """``[N]`` fraction of each row's tests passed; every (row, test) program runs concurrently."""
-        programs, owners = [], []
-        per_row = [parse_tests(t) for t in tests]
-        for i, (response, row_tests) in enumerate(zip(responses, per_row)):
+    def fractions(self, responses: Sequence[str], tests: Sequence[Any]) -> tuple[list[float], dict[int, str]]:
+        """``[N]`` fraction of each row's tests passed, and ``{row: why}`` for rows whose tests are not
+        sources (fraction 0); every (row, test) program runs concurrently."""
+        if len(responses) != len(tests):
+            raise ValueError(f"code: {len(responses)} responses but {len(tests)} tests")
+        programs, owners, per_row, failed = [], [], [], {}
+        for i, (response, row_tests) in enumerate(zip(responses, tests)):
+            try:
+                row_tests = parse_tests(row_tests)
+            except ValueError as e:
+                failed[i], row_tests = str(e), []
+            per_row.append(row_tests)
             code = extract_code(response)
             if not code.strip():
                 continue
@@ -103,7 +114,7 @@ class CodeReward:
         passed = np.zeros(len(responses))
         for owner, result in zip(owners, self.sandbox.run_many(programs)):
             passed[owner] += result.passed
-        return [float(p / len(t)) if t else 0.0 for p, t in zip(passed, per_row)]
+        return [float(p / len(t)) if t else 0.0 for p, t in zip(passed, per_row)], failed
 
     def _reward(self, fraction: float) -> tuple[float, bool]:
         ok = fraction == 1.0
@@ -114,10 +125,12 @@ class CodeReward:
     def score(self, response: str, tests: Any) -> tuple[float, bool]:
         return self._reward(self.fraction_passed(response, tests))
 
-    def score_many(self, responses: Sequence[str], tests: Sequence[Any]) -> tuple[list[float], list[bool]]:
-        """``(rewards [N], correct [N])`` of a batch, its programs run ``sandbox.max_concurrent`` at a time."""
-        scored = [self._reward(f) for f in self.fractions(responses, tests)]
-        return [r for r, _ in scored], [ok for _, ok in scored]
+    def score_many(self, responses: Sequence[str], tests: Sequence[Any]):
+        """``(rewards [N], correct [N], failed {row: why})`` of a batch, its programs run
+        ``sandbox.max_concurrent`` at a time; a failed row (its tests are not sources) scores ``wrong``."""
+        fractions, failed = self.fractions(responses, tests)
+        scored = [self._reward(f) for f in fractions]
+        return [r for r, _ in scored], [ok for _, ok in scored], failed
 
     def is_correct(self, response: str, tests: Any) -> bool:
         return self.score(response, tests)[1]

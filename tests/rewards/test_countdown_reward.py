@@ -42,8 +42,8 @@ CASES = [
 
 
 def test_hand_checked_cases_in_one_batch(reward):
-    rewards, correct = reward.score_many([c[0] for c in CASES], [c[1] for c in CASES])
-    assert correct == [c[2] for c in CASES]
+    rewards, correct, failed = reward.score_many([c[0] for c in CASES], [c[1] for c in CASES])
+    assert correct == [c[2] for c in CASES] and failed == {}
     assert rewards == [1.0 if c[2] else -1.0 for c in CASES]
 
 
@@ -69,14 +69,33 @@ def test_responses_are_data_not_code(reward):
 
 def test_a_checker_that_does_not_finish_is_an_error_not_a_verdict(reward, monkeypatch):
     monkeypatch.setattr(reward.sandbox, "run", lambda source: SandboxResult("timeout", None, "", "", 20.0, "bwrap"))
-    with pytest.raises(RuntimeError, match="countdown checker timeout"):
-        reward.score_many(["3*5+7"], ["22:3,5,7"])
+    rewards, correct, failed = reward.score_many(["3*5+7", "1"], ["22:3,5,7", "1:1,1"])
+    assert (rewards, correct) == ([-1.0, -1.0], [False, False])
+    assert sorted(failed) == [0, 1] and "countdown checker timeout" in failed[0]
     out = score_batch(reward, ["3*5+7", "1"], ["22:3,5,7", "1:1,1"], on_error="wrong")
     assert out.rewards.tolist() == [-1.0, -1.0] and out.error_rows == (0, 1)  # counted, never scored right
+    with pytest.raises(RuntimeError, match="row 0 .countdown checker timeout"):
+        score_batch(reward, ["3*5+7", "1"], ["22:3,5,7", "1:1,1"], on_error="raise")
+    with pytest.raises(ValueError, match="checker timeout"):
+        reward.score("3*5+7", "22:3,5,7")
 
 
-def test_a_malformed_ground_truth_names_the_row(reward):
-    with pytest.raises(RuntimeError, match="row 1"):
+def test_a_sandbox_that_cannot_start_fails_the_batch_not_the_run(reward, monkeypatch):
+    def broken(source):
+        raise OSError("Too many open files")
+
+    monkeypatch.setattr(reward.sandbox, "run", broken)
+    out = score_batch(reward, ["3*5+7", "3*5+7"], ["22:3,5,7", "22:3,5,7"], on_error="wrong")
+    assert out.rewards.tolist() == [-1.0, -1.0] and out.correct.tolist() == [False, False]
+    assert out.error_rows == (0, 1)
+    with pytest.raises(RuntimeError, match="row 0 .OSError: Too many open files"):
+        score_batch(reward, ["3*5+7"], ["22:3,5,7"], on_error="raise")
+
+
+def test_a_malformed_ground_truth_fails_its_row_only(reward):
+    out = score_batch(reward, ["3*5+7", "3*5+7"], ["22:3,5,7", "twenty-two"], on_error="wrong")
+    assert out.rewards.tolist() == [1.0, -1.0] and out.error_rows == (1,)
+    with pytest.raises(RuntimeError, match="row 1 .not a countdown answer"):
         score_batch(reward, ["3*5+7", "3*5+7"], ["22:3,5,7", "twenty-two"], on_error="raise")
 
 
