@@ -39,7 +39,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import platform
 import secrets
 import selectors
 import shutil
@@ -178,7 +177,7 @@ class Sandbox:
         if mode not in MODES:
             raise ValueError(f"sandbox mode must be one of {MODES}, got {mode!r}")
         if os.uname().machine not in ("x86_64", "aarch64"):
-            raise SandboxUnavailable(f"the no-fork seccomp filter knows x86_64 and aarch64, not {platform.machine()}")
+            raise SandboxUnavailable(f"the no-fork seccomp filter knows x86_64 and aarch64, not {os.uname().machine}")
         self.limits = limits or SandboxLimits()
         self.max_concurrent = int(max_concurrent or min(4, os.cpu_count() or 1))
         if self.max_concurrent < 1:
@@ -200,7 +199,8 @@ class Sandbox:
             if mode == "bwrap":
                 raise SandboxUnavailable(f"bubblewrap cannot run here: {why}")
         if shutil.which("unshare") is None:
-            raise SandboxUnavailable(f"no sandbox: {why or 'bubblewrap not asked for'}; and no `unshare` for the fallback")
+            raise SandboxUnavailable(f"no sandbox: {why or 'bubblewrap not asked for'}; "
+                                     "and no `unshare` for the fallback")
         probe = self._probe("fallback")
         if probe:
             raise SandboxUnavailable(f"no sandbox: {why or 'bubblewrap not asked for'}; fallback: {probe}")
@@ -254,7 +254,8 @@ class Sandbox:
             try:
                 proc = subprocess.Popen(
                     self._command(mode, status_w), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE, pass_fds=(status_w,), cwd=scratch, start_new_session=True, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": scratch},
+                    stderr=subprocess.PIPE, pass_fds=(status_w,), cwd=scratch, start_new_session=True,
+                    env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": scratch},
                 )
             except BaseException:
                 os.close(status_r)
