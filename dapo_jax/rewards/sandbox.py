@@ -11,9 +11,9 @@ Model output is never ``exec``'d in the training process. Each ``run`` starts a 
 * new user, PID, network, IPC, UTS and cgroup namespaces: no network at all (not even the host's
   ``127.0.0.1``), no view of the host's processes, no signal can reach the trainer;
 * a file system of read-only binds (``/usr`` and the Python installation) with a size-limited
-  tmpfs at ``/tmp`` as the only writable place (the scratch folder and working directory), an empty
-  ``/dev`` and the namespace's own ``/proc``: nothing of the host is writable, and nothing but the
-  system and Python files is visible;
+  tmpfs at ``/tmp`` as the only writable place (the scratch folder and working directory), a
+  minimal ``/dev`` and bubblewrap's own root remounted read-only, and the namespace's own ``/proc``:
+  nothing of the host is writable, and nothing but the system and Python files is visible;
 * resource limits (``setrlimit``): CPU seconds, address space (memory), file size, open files, core
   dumps off, and threads (``RLIMIT_NPROC``; the kernel does not apply it to root, where the address
   space bounds the threads' stacks instead);
@@ -219,8 +219,9 @@ class Sandbox:
         if mode == "bwrap":
             scratch = self.limits.scratch_mb << 20
             return [_bwrap_path(), "--unshare-all", "--unshare-user", "--uid", "65534", "--gid", "65534",
-                    "--die-with-parent", "--new-session", *_ro_binds(), "--dev", "/dev", "--proc", "/proc",
-                    "--size", str(scratch), "--tmpfs", "/tmp", "--chdir", "/tmp", "--clearenv",
+                    "--die-with-parent", "--new-session", *_ro_binds(), "--dev", "/dev", "--remount-ro", "/dev",
+                    "--proc", "/proc", "--size", str(scratch), "--tmpfs", "/tmp", "--remount-ro", "/",
+                    "--chdir", "/tmp", "--clearenv",
                     "--setenv", "HOME", "/tmp", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8",
                     *python]
         return ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", *python]
