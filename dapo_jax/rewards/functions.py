@@ -8,25 +8,7 @@ A reward function is called as ``fn(response, ground_truth) -> float`` and also 
 Rule rewards (docs/objectives.md#rewards-and-shaping): ``right`` if the check passes else ``wrong``; DAPO's ``+1 / -1``
 is the default, GRPO-style recipes use ``right=1.0, wrong=0.0``.
 
-================ =============================================================================
-name             check
-================ =============================================================================
-``dapo_answer``  last ``Answer:`` in the last 300 chars, verl-normalised, string (or number) equal
-``boxed``        last ``\\boxed{}``, verl-normalised, string (or number) equal
-``gsm8k``        ``#### N`` (else the last number), numeric equality
-``integer``      AIME: the final answer (box or ``Answer:``) as an integer, e.g. ``025`` == ``25``
-``math_verify``  final answer, then math-verify symbolic equality, bounded in time
-``synthetic``    the embedded task: the whole response is the answer's integer
-``cot``          the chain-of-thought task: the last non-blank line is ``Answer: N``, N the integer
-``format``       not a correctness reward: ``bonus`` when the response has the required layout
-``think_format`` R1's layout: ``<think>...</think>`` then ``<answer>...</answer>``, nothing else
-``cosine``       Yeo et al.'s cosine length reward around a correctness check (``rewards/length.py``)
-``language``     R1's language consistency: the share of target-language words (``rewards/language.py``)
-================ =============================================================================
-
-Every check reads R1's ``<answer>...</answer>`` too (``rewards/extract.py``). A name with a ``:``
-(``my_rewards:accuracy``, ``path/to/file.py:fn``, a URL) is the user's own (``rewards/custom.py``).
-
+================ ======================================================================
 :func:`combine` makes a weighted sum ``r = Σ_i w_i r_i(response, truth)`` (e.g. R1's accuracy +
 format); its ``is_correct`` is the one of its ``accuracy`` component (the first by default).
 """
@@ -45,6 +27,8 @@ import numpy as np
 
 from dapo_jax.data import cot, synthetic
 from dapo_jax.rewards import check
+from dapo_jax.rewards.code import make_code_reward
+from dapo_jax.rewards.countdown import make_countdown_reward
 
 __all__ = [
     "RewardFn",
@@ -190,7 +174,9 @@ _RULES: dict[str, tuple[Callable[..., bool], Callable[..., str | None]]] = {
     # with its Answer line (an unfinished or still-rambling response is wrong)
     "cot": (cot.is_correct, cot.extract_answer),
 }
-REWARDS: tuple[str, ...] = (*_RULES, "format", "think_format", "cosine", "language")
+# rewards that run the response in the sandbox (rewards/sandbox.py): name -> builder(right=, wrong=, **options)
+_SANDBOXED: dict[str, Callable[..., RewardFn]] = {"code": make_code_reward, "countdown": make_countdown_reward}
+REWARDS: tuple[str, ...] = (*_RULES, "format", "think_format", "cosine", "language", *_SANDBOXED)
 
 
 def make_reward(name: str, *, right: float = 1.0, wrong: float = -1.0, **options) -> RewardFn:
@@ -212,6 +198,8 @@ def make_reward(name: str, *, right: float = 1.0, wrong: float = -1.0, **options
         from dapo_jax.rewards.language import LanguageReward
 
         return LanguageReward(**options)
+    if name in _SANDBOXED:
+        return _SANDBOXED[name](right=right, wrong=wrong, **options)
     if name not in _RULES:
         raise KeyError(f"unknown reward {name!r}; known: {', '.join(REWARDS)}")
     fn, key = _RULES[name]
@@ -264,6 +252,24 @@ def _truncate(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... [{len(text)} chars]"
 
 
+def _score_many(fn, responses, truths, *, on_error: str, wrong_value: float) -> BatchScores:
+    """``fn.score_many(responses, truths) -> (rewards [N], correct [N], failed {row: why})``: rows that
+    failed (or the whole batch, when the call raises) are scored ``wrong_value`` and counted, or raise."""
+    n = len(responses)
+    try:
+        rewards, correct, failed = fn.score_many(responses, truths)
+    except Exception as e:
+        rewards, correct, failed = [wrong_value] * n, [False] * n, dict.fromkeys(range(n), f"{type(e).__name__}: {e}")
+    rewards = np.asarray(rewards, np.float32).reshape(n)
+    correct = np.asarray(correct, bool).reshape(n)
+    rows = tuple(sorted(failed))
+    if rows and on_error == "raise":
+        i = rows[0]
+        raise RuntimeError(f"reward failed on row {i} ({failed[i]}); response: {_truncate(str(responses[i]))!r}")
+    rewards[list(rows)], correct[list(rows)] = wrong_value, False
+    return BatchScores(rewards, correct, len(rows), rows)
+
+
 def score_batch(
     fn: RewardFn | Callable[[str, Any], float],
     responses: Sequence[str],
@@ -275,8 +281,9 @@ def score_batch(
     """Score ``responses[i]`` against ``truths[i]`` for every row ``i``.
 
     Args:
-      fn: a reward function (``score`` is used when it has one; a bare callable's row counts as
-        correct when its reward is > 0).
+      fn: a reward function (``score_many`` is used when it has one: the whole batch at once, as the
+        sandboxed rewards do; else ``score``; a bare callable's row counts as correct when its
+        reward is > 0).
       responses, truths: equal-length sequences (a ``[P, G]`` batch flattened, truths repeated).
       on_error: ``"raise"``: an exception in row ``i`` raises ``RuntimeError`` naming ``i`` and
         the (truncated) response; ``"wrong"``: that row gets ``fn.wrong`` (``0.0`` for a bare
@@ -292,6 +299,8 @@ def score_batch(
         raise ValueError(f"score_batch: {len(responses)} responses but {len(truths)} truths")
     scorer = getattr(fn, "score", None)
     wrong_value = float(getattr(fn, "wrong", 0.0))
+    if getattr(fn, "score_many", None) is not None:  # the sandboxed rewards: a whole batch at once
+        return _score_many(fn, responses, truths, on_error=on_error, wrong_value=wrong_value)
 
     def one(i: int) -> tuple[float, bool, bool]:
         try:

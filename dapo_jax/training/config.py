@@ -292,7 +292,8 @@ class TrainSection(_Section):
 
 
 class RewardFunction(_Section):
-    # dapo_jax.rewards.REWARDS (integer, dapo_answer, gsm8k, boxed, math_verify, format, synthetic, cot, ...), a
+    # dapo_jax.rewards.REWARDS (integer, dapo_answer, gsm8k, boxed, math_verify, format, synthetic, cot, code,
+    # countdown, ...; code and countdown run the response in the sandbox, rewards/sandbox.py), a
     # learned reward model (rewards/reward_model.py): reward_model (outcome), process_reward_model (steps), or
     # your own (rewards/custom.py): module:function, path/to/file.py:function, an http(s):// URL
     name: str
@@ -604,7 +605,7 @@ def parse_overrides(overrides: list[str] | tuple[str, ...]) -> list[tuple[str, A
     return parsed
 
 
-BUILT_IN_TASKS = ("synthetic", "cot")  # data sources generated in code; `options` are theirs alone
+BUILT_IN_TASKS = ("synthetic", "cot", "countdown")  # data sources generated in code; `options` are theirs alone
 _PATH_KEYS = (("model", "path"), ("data", "train", "name"), ("data", "eval", "name"))
 
 

@@ -46,9 +46,10 @@ def load_source(source, *, seed: int = 0) -> list[Problem]:
     or a hub name)."""
     if source.name in BUILT_IN_TASKS:
         from dapo_jax.data.cot import cot_rows
+        from dapo_jax.data.countdown import countdown_rows
         from dapo_jax.data.synthetic import synthetic_rows
 
-        make_rows = synthetic_rows if source.name == "synthetic" else cot_rows
+        make_rows = {"synthetic": synthetic_rows, "cot": cot_rows, "countdown": countdown_rows}[source.name]
         split = "heldout" if source.split in ("test", "heldout") else source.split
         try:
             rows = make_rows(split, seed=seed, **source.options)

@@ -32,7 +32,7 @@ def test_registry_errors_name_the_bad_key():
     with pytest.raises(TypeError, match="flexibel"):
         F.make_reward("gsm8k", flexibel=False)
     assert set(F.REWARDS) == {"dapo_answer", "boxed", "gsm8k", "integer", "math_verify", "synthetic", "cot", "format",
-                              "think_format", "cosine", "language"}
+                              "think_format", "cosine", "language", "code", "countdown"}
 
 
 def test_synthetic_reward_is_the_whole_response_as_an_integer():
