@@ -91,8 +91,3 @@ def phase_dapo_step(args, cfg, mesh, graphdef, params, n_params: int) -> dict:
                 first_step_s=first_s, share_prompts=share, grad_norm=info["grad_norm"], **seconds,
                 rollout_tokens_per_s=gen_p * g * t / seconds["rollout_s"])
 
-
-def format_dapo_step(head: str, r: dict) -> str:
-    return (f"{head} step {r['step_s']:.2f} s = rollout {r['rollout_s']:.2f} s ({r['gen_sequences']} sequences x "
-            f"{r['new_tokens']} tokens, {r['rollout_tokens_per_s']:.0f} tokens/s) + log pi_old {r['old_logp_s']:.2f} s "
-            f"+ updates {r['update_s']:.2f} s ({r['train_sequences']} sequences); first step {r['first_step_s']:.1f} s")

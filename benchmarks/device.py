@@ -36,7 +36,6 @@ import time
 
 import numpy as np
 
-from benchmarks.dapo_step import format_dapo_step, phase_dapo_step
 from benchmarks.harness import emit, median, peak_rss_bytes, run_child
 from benchmarks.peers import matmul_peak as square_matmul_peak, update_flops
 from benchmarks.step_memory import QWEN25_05B
@@ -249,6 +248,8 @@ def run_phase(args) -> dict:
         res = dict(matmul_peak_flops_per_s=matmul_peak(on_cpu), copy_bytes_per_s=copy_bandwidth(on_cpu),
                    nominal_peak_flops_per_s=nominal_peak(dev.device_kind))
     elif args.phase == "dapo_step":
+        from benchmarks.dapo_step import phase_dapo_step  # JAX and the trainer: in the child only, as above
+
         res = phase_dapo_step(args, cfg, mesh, *build(cfg, mesh))
     else:
         res = phase_decode(args, cfg, mesh, int(args.phase.split("_")[1]))
@@ -314,7 +315,10 @@ def format_result(r: dict) -> str:
         return (f"{head} matmul {r['matmul_peak_flops_per_s'] / 1e12:.2f} TFLOP/s, "
                 f"copy {r['copy_bytes_per_s'] / 1e9:.1f} GB/s (read + written)")
     if r["phase"] == "dapo_step":
-        return format_dapo_step(head, r) + f"; {mem}"
+        return (f"{head} step {r['step_s']:.2f} s = rollout {r['rollout_s']:.2f} s ({r['gen_sequences']} sequences x "
+                f"{r['new_tokens']} tokens, {r['rollout_tokens_per_s']:.0f} tokens/s) + log pi_old "
+                f"{r['old_logp_s']:.2f} s + updates {r['update_s']:.2f} s ({r['train_sequences']} sequences); "
+                f"first step {r['first_step_s']:.1f} s; {mem}")
     if r["phase"] == "train":
         mfu = ("n/a (no nominal peak for this device)" if r["mfu"] is None
                else f"{100 * r['mfu']:.1f}% (the plan's estimate at the peak: {r['estimate_s']:.3f} s)")
