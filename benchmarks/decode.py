@@ -1,11 +1,12 @@
 """One decode step (`models.decode.decode_step`) with the fused `[q|k|v]` / `[gate|up]` projections against the
 same step with the separate ones (the baseline, in the same process), on whatever JAX sees.
 
-    python -m benchmarks.decode                       # Qwen2.5-0.5B's layer shape, 4 layers, 16 rows, bf16
+    python -m benchmarks.decode                       # Qwen2.5-0.5B's layer shape, 4 layers, 16 rows, float32
     python -m benchmarks.decode --layers 24 --rows 64 --context 512
 
 Both variants run the same function (`Block.decode` with and without `Block.fused()`; `tests/models/test_decode.py`
-checks that they agree): the difference is two and one matmuls per layer instead of five. Each is jitted once,
+checks that they agree): the difference is two matmuls per layer instead of five, the fused kernels built once
+outside the step as the rollout builds them. Each is compiled once,
 warmed up, then timed as the median of `--repeats` steps; beside each, its kernels per layer (`benchmarks.lowering`)
 and `bytes accessed` from XLA's cost analysis. The variants alternate, so a change of load hits both.
 """
@@ -38,17 +39,15 @@ def step_inputs(cfg: ModelConfig, rows: int, context: int):
     return prompt, empty_response_cache(prompt, 1, 1), jnp.ones((rows,), jnp.int32), jnp.full((rows,), context, jnp.int32)
 
 
-def variants(graphdef):
-    """`{name: jitted step}`: the fused projections, and the separate ones (each block's `fused` left out)."""
-    def fused(state, prompt, block, tokens, positions):
+def step_fn(graphdef):
+    """A jitted decode step taking the fused kernels as an input (the rollout builds them once, outside its
+    loop); `()` for them runs each block's separate projections."""
+    def step(state, fused, prompt, block, tokens, positions):
         model = nnx.merge(graphdef, state)
-        return decode_step(model, fused_layers(model), prompt, None, block, tokens, positions, jnp.int32(0))
+        fused = fused or (None,) * len(model.layers)
+        return decode_step(model, fused, prompt, None, block, tokens, positions, jnp.int32(0))
 
-    def separate(state, prompt, block, tokens, positions):
-        model = nnx.merge(graphdef, state)
-        return decode_step(model, (None,) * len(model.layers), prompt, None, block, tokens, positions, jnp.int32(0))
-
-    return {"fused": jax.jit(fused), "separate (baseline)": jax.jit(separate)}
+    return jax.jit(step)
 
 
 def main(argv=None) -> int:
@@ -57,21 +56,23 @@ def main(argv=None) -> int:
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default="float32", help="float32 on a CPU (its bf16 dots are emulated); bfloat16 elsewhere")
     args = parser.parse_args(argv)
     cfg = ModelConfig.from_hf_dict({**QWEN25_05B, "num_hidden_layers": args.layers}, param_dtype=args.dtype,
                                    dtype=args.dtype)
-    graphdef, state = nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)))
-    inputs = (state, *step_inputs(cfg, args.rows, args.context))
-    steps = variants(graphdef)
-    compiled = {name: fn.lower(*inputs).compile() for name, fn in steps.items()}
-    times = {name: [] for name in steps}
+    model = Decoder(cfg, rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+    cache = step_inputs(cfg, args.rows, args.context)
+    inputs = {"fused": (state, fused_layers(model), *cache), "separate (baseline)": (state, (), *cache)}
+    step = step_fn(graphdef)
+    compiled = {name: step.lower(*x).compile() for name, x in inputs.items()}
+    times = {name: [] for name in compiled}
     for name, fn in compiled.items():
-        jax.block_until_ready(fn(*inputs))
+        jax.block_until_ready(fn(*inputs[name]))
     for _ in range(args.repeats):
         for name, fn in compiled.items():
             t0 = time.perf_counter()
-            jax.block_until_ready(fn(*inputs))
+            jax.block_until_ready(fn(*inputs[name]))
             times[name].append(time.perf_counter() - t0)
     dev = jax.devices()[0]
     print(f"{dev.device_kind} ({dev.platform}, jax {jax.__version__}): Qwen2.5-0.5B's layer shape x {args.layers} "
