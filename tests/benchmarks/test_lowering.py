@@ -69,12 +69,13 @@ def test_instruction_bytes_of_tuples_and_scalars():
 
 
 @pytest.fixture(scope="module")
-def reports():
+def reports():  # four rollouts compiled: tens of seconds on a quiet 2-core CPU
     deep = lowering.model_programs(lowering.tiny_config(4), prompts=2, group=2, prompt_len=8, new_tokens=12)
     shallow = lowering.model_programs(lowering.tiny_config(2), prompts=2, group=2, prompt_len=8, new_tokens=12)
     return lowering.per_layer(deep, shallow, 2), deep
 
 
+@pytest.mark.slow
 def test_the_decode_loop_stays_on_the_device_and_updates_in_place(reports):
     per_layer, deep = reports
     rollout = deep["rollout"]
@@ -88,6 +89,7 @@ def test_the_decode_loop_stays_on_the_device_and_updates_in_place(reports):
     assert rollout["sorts"] == 0  # top_p 1, no top-k: no vocabulary sort
 
 
+@pytest.mark.slow
 def test_kernels_per_layer_are_bounded(reports):
     per_layer, _ = reports
     # measured on the CPU backend (jax 0.10.2): 31 kernels per layer in one decode step (its dots stay apart from
@@ -100,6 +102,7 @@ def test_kernels_per_layer_are_bounded(reports):
     assert step["weights_bytes"] > 0 and step["bytes_accessed"] >= step["weights_bytes"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(jax.device_count() < 2, reason="needs 2 fake CPU devices (tests/conftest.py)")
 def test_no_all_gather_of_the_batch_cache_on_a_data_mesh():
     cfg = lowering.tiny_config(2)
