@@ -1,4 +1,4 @@
-"""The decoder (Qwen2/2.5, Qwen3, Llama 3), its config, Hugging Face checkpoint I/O and sharding rules."""
+"""The decoder (Qwen2/2.5, Qwen3, Llama 3), its one-token decode step over a KV cache, its config, Hugging Face checkpoint I/O and sharding rules."""
 
 from dapo_jax.models.classifier import Classifier
 from dapo_jax.models.config import ModelConfig, ModelConfigError, RopeScaling

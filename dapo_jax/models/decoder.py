@@ -34,6 +34,14 @@ from dapo_jax.models.config import ModelConfig
 _NEG_INF = -1e30
 
 
+class FusedLayer(NamedTuple):
+    """One block's projections concatenated (`Block.fused`): `[q|k|v]` and `[gate|up]` in one matmul each."""
+
+    qkv: jax.Array  # [d, (H + 2 H_kv) D]
+    qkv_bias: jax.Array | None  # [(H + 2 H_kv) D]
+    gate_up: jax.Array  # [d, 2 I]
+
+
 class KVCache(NamedTuple):
     """Keys and values of every layer, `[L, B, S_max, H_kv, D]`; `mask[b, j]` = slot j holds a real token."""
 
@@ -101,15 +109,26 @@ def rope_inv_freq(config: ModelConfig) -> jax.Array:
     return jnp.where(is_medium, smoothed, scaled)
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
-    """`x`: [B, S, H, D]; positions [B, S]. HF's rotate-half convention, computed in float32."""
-    freqs = positions[..., None].astype(jnp.float32) * inv_freq  # [B, S, D/2]
-    emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
-    cos, sin = jnp.cos(emb), jnp.sin(emb)
+def rope_angles(positions: jax.Array, inv_freq: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`(cos, sin)`, each `[*positions.shape, 1, D]` float32: the rotation of every head at these positions
+    (computed once and shared by every layer)."""
+    freqs = positions[..., None].astype(jnp.float32) * inv_freq  # [..., D/2]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)[..., None, :]
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """`x [..., H, D]` rotated by `rope_angles`' `cos, sin [..., 1, D]`: HF's rotate-half convention,
+    `x cos + rotate_half(x) sin` with `rotate_half(x) = [-x2, x1]`, computed in float32."""
     xf = x.astype(jnp.float32)
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
     return (xf * cos + rotated * sin).astype(x.dtype)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
+    """`x`: [B, S, H, D]; positions [B, S]. HF's rotate-half convention, computed in float32."""
+    return rotate(x, *rope_angles(positions, inv_freq))
 
 
 def _linear(cfg: ModelConfig, n_in: int, n_out: int, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
@@ -132,19 +151,35 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps, param_dtype=pdt)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps, param_dtype=pdt)
 
+    def project(self, x, cos, sin, fused: "FusedLayer | None" = None):
+        """Queries `[N, H, D]`, keys and values `[N, H_kv, D]` of the tokens `x [N, d]`: the projections
+        (one `[q|k|v]` matmul with `fused`), the QK-norm where configured, then RoPE (`rope_angles`'
+        `cos, sin [N, 1, D]`) on the queries and keys. The full forward and the decode step both project here."""
+        cfg = self.cfg
+        n, d = x.shape[0], cfg.head_dim
+        if fused is None:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        else:
+            qkv = jnp.dot(x.astype(fused.qkv.dtype), fused.qkv)
+            if fused.qkv_bias is not None:
+                qkv = qkv + fused.qkv_bias
+            n_q, n_kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+            q, k, v = qkv[:, :n_q], qkv[:, n_q:n_q + n_kv], qkv[:, n_q + n_kv:]
+        q = q.reshape(n, cfg.num_attention_heads, d)
+        k, v = k.reshape(n, cfg.num_key_value_heads, d), v.reshape(n, cfg.num_key_value_heads, d)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return rotate(q, cos, sin), rotate(k, cos, sin), v
+
     def __call__(self, x, positions, mask, inv_freq, layer_cache):
         """`mask`: the `MaskIds` of these S tokens (no cache, or a cache of exactly S slots: the prefill),
         or, with a longer cache, the `[B, S, K]` bool mask over its slots; `layer_cache`: None or
         (k [B,S_max,Hkv,D], v, start)."""
         cfg = self.cfg
         b, s, _ = x.shape
-        x = x.reshape(b * s, -1)  # tokens on one axis: see MLP.__call__
-        q = self.q_proj(x).reshape(b, s, cfg.num_attention_heads, cfg.head_dim)
-        k = self.k_proj(x).reshape(b, s, cfg.num_key_value_heads, cfg.head_dim)
-        v = self.v_proj(x).reshape(b, s, cfg.num_key_value_heads, cfg.head_dim)
-        if cfg.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+        cos, sin = rope_angles(positions.reshape(b * s), inv_freq)
+        q, k, v = self.project(x.reshape(b * s, -1), cos, sin)  # tokens on one axis: see MLP.__call__
+        k, v = k.reshape(b, s, *k.shape[1:]), v.reshape(b, s, *v.shape[1:])
         q = q.reshape(b, s, cfg.num_key_value_heads, cfg.num_query_groups, cfg.head_dim)
         new_kv = None
         if layer_cache is not None:
@@ -172,12 +207,18 @@ class MLP(nnx.Module):
         self.up_proj = _linear(cfg, cfg.hidden_size, cfg.intermediate_size, False, rngs)
         self.down_proj = _linear(cfg, cfg.intermediate_size, cfg.hidden_size, False, rngs)
 
-    def __call__(self, x):
-        """The projections see `[B·S, d]`, not `[B, S, d]`: a weight gradient then contracts one token
+    def __call__(self, x, fused: "FusedLayer | None" = None):
+        """SwiGLU, `down(silu(gate(x)) * up(x))`; with `fused`, gate and up are one `[gate|up]` matmul.
+
+        The projections see `[B·S, d]`, not `[B, S, d]`: a weight gradient then contracts one token
         axis, which XLA's CPU dot takes as is; over two (B and S) XLA first writes transposed copies of
         the activations, a fifth of a training step's time (docs/benchmarks.md, "Tokens on one axis")."""
         t = x.reshape(-1, x.shape[-1])
-        return self.down_proj(jax.nn.silu(self.gate_proj(t)) * self.up_proj(t)).reshape(x.shape)
+        if fused is None:
+            gate, up = self.gate_proj(t), self.up_proj(t)
+        else:
+            gate, up = jnp.split(jnp.dot(t.astype(fused.gate_up.dtype), fused.gate_up), 2, axis=-1)
+        return self.down_proj(jax.nn.silu(gate) * up).reshape(x.shape)
 
 
 class Block(nnx.Module):
@@ -193,6 +234,30 @@ class Block(nnx.Module):
         x = x + h
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, new_kv
+
+    def decode(self, x, cos, sin, attend, fused: "FusedLayer | None" = None):
+        """One token per row, `x [B, d]`, through the block, with the same arithmetic as `__call__`:
+
+            q, k, v = project(norm(x)),   x += o_proj(attend(q, k, v)),   x += MLP(norm(x))
+
+        `attend(q [B, H, D], k, v [B, H_kv, D]) -> (out [B, H, D], state)` is the caller's attention over
+        its KV cache (it stores k, v and returns what it wrote as `state`). Returns `(x, state)`."""
+        q, k, v = self.self_attn.project(self.input_layernorm(x), cos, sin, fused)
+        out, state = attend(q, k, v)
+        x = x + self.self_attn.o_proj(out.reshape(x.shape[0], -1))
+        return x + self.mlp(self.post_attention_layernorm(x), fused), state
+
+    def fused(self) -> "FusedLayer":
+        """The block's `[q|k|v]` and `[gate|up]` kernels side by side, cast to the compute dtype: fewer,
+        wider matmuls for a decode step (built once per rollout, outside its loop)."""
+        attn, mlp, dtype = self.self_attn, self.mlp, jnp.dtype(self.self_attn.cfg.dtype)
+        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+        qkv = jnp.concatenate([p.kernel[...] for p in projections], axis=1).astype(dtype)
+        bias = None
+        if projections[0].bias is not None:
+            bias = jnp.concatenate([p.bias[...] for p in projections]).astype(dtype)
+        gate_up = jnp.concatenate([mlp.gate_proj.kernel[...], mlp.up_proj.kernel[...]], axis=1).astype(dtype)
+        return FusedLayer(qkv, bias, gate_up)
 
 
 def _block_forward(block, x, positions, mask, inv_freq, layer_cache):

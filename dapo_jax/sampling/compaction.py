@@ -39,7 +39,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from dapo_jax.sampling.decode import PromptCache, ResponseCache
+from dapo_jax.models.decode import PromptCache, ResponseCache
 
 # At most this many stages (B, B/2, B/4, B/8): each later stage compiles one more copy of the decode
 # loop (on a CPU each costs about half the first stage's four block loops), and below B/8 a stage

@@ -9,7 +9,7 @@
 A rollout of `generate` (`sampler.py`) decodes `P` prompts together until its longest response
 ends: on long chain-of-thought lengths most rows sit finished for most of the steps, and dynamic
 sampling pays that tail once per round. Here the decode batch is `B = P*G` row slots, each at its
-own step `t[b]` with its own copy of its prompt's cache (`G = 1` in `decode.decode_step`'s layout,
+own step `t[b]` with its own copy of its prompt's cache (`G = 1` in `models.decode.decode_step`'s layout,
 one cache slot per row). A `while_loop` (`_decode`) decodes until a requested number of rows has
 completed (an EOS, or `T` tokens); the host copies those rows out and `admit`s the next prompts into
 the free rows, `refill` prompts (`refill*G` rows) at a time: one prefill, its keys and values
@@ -38,11 +38,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from dapo_jax.models.decode import (
+    PromptCache, ResponseCache, decode_step, empty_response_cache, fused_layers, prompt_cache_from_prefill,
+)
 from dapo_jax.models.decoder import Decoder, KVCache, positions_from_mask
 from dapo_jax.sampling.config import SamplingConfig, SamplingConfigError
-from dapo_jax.sampling.decode import (
-    PromptCache, ResponseCache, decode_step, empty_response_cache, fuse_layers, prompt_cache_from_prefill,
-)
 from dapo_jax.sampling.processors import draw_tokens
 from dapo_jax.sampling.sampler import Rollout, is_eos, shard_batch, tempered_entropy
 
@@ -142,7 +142,7 @@ def _admit(model: Decoder, st: _Slots, rows, ids, mask, key, serials, *, config:
 def _decode(model: Decoder, st: _Slots, want, *, config: SamplingConfig) -> _Slots:
     """Decodes every live row until `want` rows have completed (or none is live)."""
     t_max = config.max_new_tokens
-    fused = fuse_layers(model)  # loop-invariant
+    fused = fused_layers(model)  # loop-invariant
 
     def cond(carry):
         st, completed = carry

@@ -4,9 +4,9 @@
     rollout = generate(state, prompt_ids [P,S], prompt_mask [P,S], key)
 
 1. Prefill each (left-padded) prompt once with the model's `KVCache` and keep it once per prompt
-   (`decode.PromptCache`): the G responses (rows p*G .. p*G+G-1) share it.
+   (`models.decode.PromptCache`): the G responses (rows p*G .. p*G+G-1) share it.
 2. Draw token 0 from the prefill's last logits; then `lax.while_loop`s feed token t-1 (RoPE
-   position `n_prompt + t - 1`, response slot `t - 1`) through `decode.decode_step` and draw token
+   position `n_prompt + t - 1`, response slot `t - 1`) through `models.decode.decode_step` and draw token
    t, until every row has emitted an EOS or T tokens exist. The response slots come in up to
    `_MAX_BLOCKS` blocks, one `while_loop` each, so early steps do not attend over empty slots.
    All uniforms are drawn before the loops. With `config.compaction`, the unfinished rows move to
@@ -32,6 +32,10 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec
 
+from dapo_jax.models.decode import (
+    PromptCache, ResponseCache, concat_response_caches, decode_step, empty_response_cache, fused_layers,
+    prompt_cache_from_prefill,
+)
 from dapo_jax.models.decoder import Decoder, KVCache, positions_from_mask
 from dapo_jax.parallel.mesh import BATCH_AXES, batch_ways
 from dapo_jax.sampling.compaction import (
@@ -39,10 +43,6 @@ from dapo_jax.sampling.compaction import (
     take_rows,
 )
 from dapo_jax.sampling.config import SamplingConfig
-from dapo_jax.sampling.decode import (
-    PromptCache, ResponseCache, concat_response_caches, decode_step, empty_response_cache, fuse_layers,
-    prompt_cache_from_prefill,
-)
 from dapo_jax.sampling.processors import draw_tokens
 
 
@@ -149,7 +149,7 @@ def rollout_with_steps(
     # left padding puts every prompt's last real token in the last column
     last_logits = model.logits(hidden[:, -1])  # [P, V]
     prompt_cache = shard_cache(prompt_cache_from_prefill(cache))
-    fused = fuse_layers(model)  # loop-invariant: concatenated once, read every step
+    fused = fused_layers(model)  # loop-invariant: concatenated once, read every step
     logits = shard_batch(jnp.repeat(last_logits, g, axis=0))  # [B, V]
     n_prompt = jnp.repeat(prompt_mask.sum(axis=-1), g).astype(jnp.int32)  # [B]
     # every step's randomness at once, so the loop body runs no PRNG (on CPU a threefry call is a

@@ -30,6 +30,26 @@ def test_train_flops_by_hand():
     assert bench_device.train_flops(untied, n_params, 30, [10, 20]) == 6 * (100_000 - 512 * 64) * 30 + 6 * 2 * 64 * 500
 
 
+def test_the_15b_shape_has_qwen25_15bs_parameter_count():
+    """Qwen2.5-1.5B: 1.54B parameters (its model card), 28 layers of 1536 with 12 query / 2 key-value heads."""
+    cfg = bench_device.model_config(quick=False, model="1.5b")
+    assert (cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers) == (1536, 8960, 28)
+    assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (12, 2, 128)
+    d, i, kv = 1536, 8960, 256
+    per_layer = (d * d + d) + 2 * (d * kv + kv) + d * d + 3 * d * i + 2 * d
+    assert 28 * per_layer + 151936 * d + d == pytest.approx(1.54e9, rel=0.005)
+
+
+def test_decode_floor_by_hand():
+    """The quick model, 4 rows, 16 prompt + 5/8 x 16 response slots, bf16: weights + KV cache bytes, FLOPs."""
+    cfg = bench_device.model_config(quick=True)
+    weights = 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128) + 64 * 512  # the tied LM head is a matmul
+    kv_per_slot = 2 * 2 * 2 * 16 * 2  # k and v, 2 layers, 2 kv heads of 16, 2 bytes
+    step_bytes, step_flops = bench_device.decode_floor(cfg, rows=4, prompt_len=16, new_tokens=16)
+    assert step_bytes == 2 * weights + 4 * 26 * kv_per_slot
+    assert step_flops == 2 * weights * 4 + 4 * 2 * 4 * 16 * 4 * 26  # matmuls + q.K and p.V over 26 slots
+
+
 @pytest.mark.parametrize("kind, peak", [("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12),
                                         ("NVIDIA H200", 989e12), ("NVIDIA A100-SXM4-80GB", 312e12),
                                         ("TPU v5 lite", 197e12), ("TPU v5p", 459e12), ("cpu", None)])
@@ -72,9 +92,20 @@ def test_quick_run_reports_consistent_figures(tmp_path, capsys):
     assert decode["tokens_per_s"] == pytest.approx(4 * 16 / decode["decode_s"])
     assert decode["step_ms"] == pytest.approx(1e3 * decode["decode_s"] / 16)
     assert decode["estimate_step_ms"] is None and train["estimate_s"] is None  # a CPU has no data-sheet peak
+    assert (decode["step_bytes"], decode["step_flops"]) == bench_device.decode_floor(
+        bench_device.model_config(quick=True), rows=4, prompt_len=16, new_tokens=16)
+    assert decode["compile_s"] > 0
     assert decode["params"] == train["params"]
 
 
 def test_a_failing_phase_makes_the_run_fail(capsys):
     assert bench_device.main(["--quick", "--phases", "decode_x"]) == 1  # not a length: the child fails
     assert "decode_x failed" in capsys.readouterr().out
+
+
+def test_a_phase_past_its_timeout_is_killed_and_recorded(tmp_path, capsys):
+    out = tmp_path / "device.jsonl"
+    assert bench_device.main(["--quick", "--phases", "peaks", "--timeout", "0.01", "--json", str(out)]) == 1
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["phase"] == "peaks" and row["error"] == "timed out after 0 s"
+    assert "peaks failed: timed out" in capsys.readouterr().out

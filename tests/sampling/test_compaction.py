@@ -16,7 +16,7 @@ from dapo_jax.sampling import SamplingConfig, SamplingConfigError, make_generate
 from dapo_jax.sampling.compaction import (
     MAX_STAGES, gather_prompt_cache, live_first, live_per_group, put_rows, stage_sizes, take_rows,
 )
-from dapo_jax.sampling.decode import PromptCache
+from dapo_jax.models.decode import PromptCache
 
 T = 12
 # ids 3..13 end a response: with this model some rows stop at their first token, most within a few,

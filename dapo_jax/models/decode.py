@@ -1,5 +1,9 @@
 """One-token decode step over a head-major KV cache split into the prompts' part and the responses'.
 
+The architecture is the decoder's own: each layer runs `Block.decode` (`models/decoder.py`), the same
+projections, QK-norm, RoPE, output projection and MLP as the full forward, so a change of architecture is
+made there once. What this module adds is the cache: its layouts and the attention of one new token over it.
+
 `Decoder.__call__(..., cache=KVCache)` is the reference semantics, but its cache is one stacked
 `[L, B, S_max, H_kv, D]` array rebuilt with `jnp.stack` every call: inside a `while_loop` that is a
 full copy of every layer's keys and values per generated token. This step computes exactly the same
@@ -14,16 +18,16 @@ function with:
   per prompt when each prompt is at its own step, `slot [P]`);
 - head-major layouts, keys `[..., D, slots]` and values `[..., slots, D]`, so `q·K` and `p·V` are
   plain batched matmuls (with keys `[.., S, D]` the CPU dot is 2-3x slower);
-- `[q|k|v]` and `[gate|up]` kernels concatenated once per rollout (`fuse_layers`), and the RoPE
-  angles computed once per step, not per layer.
+- `[q|k|v]` and `[gate|up]` kernels concatenated once per rollout (`fused_layers`, `Block.fused`), and the
+  RoPE angles computed once per step, not per layer.
 
 For the new token (every visible slot of its row, its own included):
 
     s_k = q·k_k / sqrt(D)  (masked -> -1e30),   out = softmax(s)·V,   x += o_proj(out),   x += MLP(x)
 
-with one softmax over the concatenated prompt, past and block scores. It reuses the model's own
-submodules (norms, o/down projections, embedding, logits) and its parameters, dtypes and casts.
-`tests/sampling` checks it token for token against transformers and the model's full forward.
+with one softmax over the concatenated prompt, past and block scores. `tests/sampling` checks it token
+for token against transformers and the model's full forward; `tests/models/test_decode.py` checks one
+step against the model's cached forward.
 """
 
 from __future__ import annotations
@@ -34,33 +38,14 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from dapo_jax.models.decoder import Decoder, KVCache, rope_inv_freq
+from dapo_jax.models.decoder import Decoder, FusedLayer, KVCache, rope_angles, rope_inv_freq
 
 _NEG_INF = -1e30  # as the decoder: finite, so a fully masked row stays NaN-free
 
 
-class FusedLayer(NamedTuple):
-    """One layer's projections concatenated once per rollout: fewer, wider matmuls per step."""
-
-    qkv: jax.Array  # [d, (H + 2 H_kv) D]
-    qkv_bias: jax.Array | None  # [(H + 2 H_kv) D]
-    gate_up: jax.Array  # [d, 2 I]
-
-
-def fuse_layers(model: Decoder) -> tuple[FusedLayer, ...]:
-    """`[q|k|v]` and `[gate|up]` kernels side by side (cast to the compute dtype), for every layer."""
-    dtype = jnp.dtype(model.config.dtype)
-    fused = []
-    for layer in model.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-        qkv = jnp.concatenate([p.kernel[...] for p in projections], axis=1).astype(dtype)
-        bias = None
-        if projections[0].bias is not None:
-            bias = jnp.concatenate([p.bias[...] for p in projections]).astype(dtype)
-        gate_up = jnp.concatenate([mlp.gate_proj.kernel[...], mlp.up_proj.kernel[...]], axis=1).astype(dtype)
-        fused.append(FusedLayer(qkv, bias, gate_up))
-    return tuple(fused)
+def fused_layers(model: Decoder) -> tuple[FusedLayer, ...]:
+    """Every block's `Block.fused()` kernels, computed once per rollout outside its decode loop."""
+    return tuple(layer.fused() for layer in model.layers)
 
 
 class PromptCache(NamedTuple):
@@ -114,7 +99,7 @@ def concat_response_caches(a: ResponseCache | None, b: ResponseCache) -> Respons
 
 
 def decode_step(
-    model: Decoder, fused: tuple[FusedLayer, ...], prompt: PromptCache,
+    model: Decoder, fused: tuple[FusedLayer | None, ...], prompt: PromptCache,
     past: ResponseCache | tuple[ResponseCache, ...] | None,
     block: ResponseCache, tokens: jax.Array, positions: jax.Array, slot: jax.Array,
 ) -> tuple[jax.Array, ResponseCache]:
@@ -125,7 +110,8 @@ def decode_step(
 
     Args:
       model: the `Decoder` whose parameters to use.
-      fused: `fuse_layers(model)`, computed once outside the decode loop.
+      fused: `fused_layers(model)`, computed once outside the decode loop (an entry None: that block's
+        separate projections, the same function in more matmuls).
       prompt: the `PromptCache` of the `P` prompts.
       past: the filled response slots before `block` (loop-invariant): a cache, a tuple of caches
         (consecutive blocks, read in place, never concatenated), or None.
@@ -146,62 +132,48 @@ def decode_step(
     b = tokens.shape[0]
     p, _, g = block.k[0].shape[:3]
     h_kv, r, d = cfg.num_key_value_heads, cfg.num_query_groups, cfg.head_dim
-    dtype = jnp.dtype(cfg.dtype)
-    n_q, n_kv = cfg.num_attention_heads * d, h_kv * d
     width = prompt.v[0].shape[2]
     prompt_visible = (jnp.arange(width) >= width - prompt.lengths[:, None])[:, None, None, None, :]  # [P,1,1,1,S]
     slot = jnp.asarray(slot, jnp.int32)
     block_visible = jnp.arange(block.k[0].shape[-1]) <= slot[..., None]  # [n], or [P, n] per prompt
     if slot.ndim:
         block_visible = block_visible[:, None, None, None, :]  # [P, 1, 1, 1, n]
-    # RoPE angles once per step (every layer shares them); same float32 math as `apply_rope`
-    freqs = positions[:, None].astype(jnp.float32) * rope_inv_freq(cfg)  # [B, D/2]
-    emb = jnp.concatenate([freqs, freqs], axis=-1)[:, None, :]  # [B, 1, D]
-    cos, sin = jnp.cos(emb), jnp.sin(emb)
-
-    def rope(x):  # [B, H, D]
-        xf = x.astype(jnp.float32)
-        rotated = jnp.concatenate([-xf[..., d // 2:], xf[..., : d // 2]], axis=-1)
-        return (xf * cos + rotated * sin).astype(x.dtype)
+    cos, sin = rope_angles(positions, rope_inv_freq(cfg))  # [B, 1, D], once per step: every layer shares them
 
     def by_prompt(x):  # [B, H_kv, ...] -> [P, H_kv, G, ...]
         x = x.reshape(p, g, *x.shape[1:])
         return jnp.swapaxes(x, 1, 2)
 
+    def attend(i: int):
+        """Layer i's attention over the caches: writes k, v at `slot`, returns `(out [B, H, D], (k, v) block)`."""
+
+        def over_caches(q, k, v):
+            # one slot: a column of the block's keys, a row of its values
+            bk = _write_slot(block.k[i], by_prompt(k)[..., None], slot, axis=4)
+            bv = _write_slot(block.v[i], by_prompt(v)[..., None, :], slot, axis=3)
+            qg = by_prompt(q.reshape(b, h_kv, r, d))  # [P, H_kv, G, r, D]; head h = kv * r + i, as the decoder
+            dot = lambda spec, a, c: jnp.einsum(spec, a, c.astype(q.dtype), preferred_element_type=jnp.float32)
+            parts = [jnp.where(prompt_visible, dot("pkgrd,pkds->pkgrs", qg, prompt.k[i]) / math.sqrt(d), _NEG_INF)]
+            parts += [dot("pkgrd,pkgds->pkgrs", qg, earlier.k[i]) / math.sqrt(d) for earlier in past]
+            parts.append(jnp.where(block_visible, dot("pkgrd,pkgds->pkgrs", qg, bk) / math.sqrt(d), _NEG_INF))
+            probs = jax.nn.softmax(jnp.concatenate(parts, axis=-1), axis=-1).astype(q.dtype)
+            edges = [part.shape[-1] for part in parts]
+            probs = jnp.split(probs, [sum(edges[:j]) for j in range(1, len(edges))], axis=-1)
+            mix = lambda spec, a, c: jnp.einsum(spec, a, c.astype(q.dtype))
+            out = mix("pkgrs,pksd->pkgrd", probs[0], prompt.v[i])
+            for j, earlier in enumerate(past):
+                out = out + mix("pkgrs,pkgsd->pkgrd", probs[1 + j], earlier.v[i])
+            out = out + mix("pkgrs,pkgsd->pkgrd", probs[-1], bv)
+            return jnp.swapaxes(out, 1, 2).reshape(b, cfg.num_attention_heads, d), (bk, bv)
+
+        return over_caches
+
     x = model.embed_tokens(tokens)  # [B, d]
     new_k, new_v = [], []
     for i, (layer, w) in enumerate(zip(model.layers, fused)):
-        attn = layer.self_attn
-        qkv = jnp.dot(layer.input_layernorm(x).astype(dtype), w.qkv)
-        if w.qkv_bias is not None:
-            qkv = qkv + w.qkv_bias
-        q = qkv[:, :n_q].reshape(b, cfg.num_attention_heads, d)
-        k = qkv[:, n_q : n_q + n_kv].reshape(b, h_kv, d)
-        v = qkv[:, n_q + n_kv :].reshape(b, h_kv, d)
-        if cfg.qk_norm:
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k = rope(q), rope(k)
-        # one slot: a column of the block's keys, a row of its values
-        bk = _write_slot(block.k[i], by_prompt(k)[..., None], slot, axis=4)
-        bv = _write_slot(block.v[i], by_prompt(v)[..., None, :], slot, axis=3)
+        x, (bk, bv) = layer.decode(x, cos, sin, attend(i), w)
         new_k.append(bk)
         new_v.append(bv)
-        qg = by_prompt(q.reshape(b, h_kv, r, d))  # [P, H_kv, G, r, D]; head h = kv * r + i, as the decoder
-        dot = lambda spec, a, c: jnp.einsum(spec, a, c.astype(q.dtype), preferred_element_type=jnp.float32)
-        parts = [jnp.where(prompt_visible, dot("pkgrd,pkds->pkgrs", qg, prompt.k[i]) / math.sqrt(d), _NEG_INF)]
-        parts += [dot("pkgrd,pkgds->pkgrs", qg, earlier.k[i]) / math.sqrt(d) for earlier in past]
-        parts.append(jnp.where(block_visible, dot("pkgrd,pkgds->pkgrs", qg, bk) / math.sqrt(d), _NEG_INF))
-        probs = jax.nn.softmax(jnp.concatenate(parts, axis=-1), axis=-1).astype(q.dtype)
-        edges = [part.shape[-1] for part in parts]
-        probs = jnp.split(probs, [sum(edges[:j]) for j in range(1, len(edges))], axis=-1)
-        mix = lambda spec, a, c: jnp.einsum(spec, a, c.astype(q.dtype))
-        out = mix("pkgrs,pksd->pkgrd", probs[0], prompt.v[i])
-        for j, earlier in enumerate(past):
-            out = out + mix("pkgrs,pkgsd->pkgrd", probs[1 + j], earlier.v[i])
-        out = out + mix("pkgrs,pkgsd->pkgrd", probs[-1], bv)
-        x = x + attn.o_proj(jnp.swapaxes(out, 1, 2).reshape(b, -1))
-        gate, up = jnp.split(jnp.dot(layer.post_attention_layernorm(x).astype(dtype), w.gate_up), 2, axis=-1)
-        x = x + layer.mlp.down_proj(jax.nn.silu(gate) * up)
     logits = model.logits(model.norm(x))
     return logits, ResponseCache(tuple(new_k), tuple(new_v))
 
