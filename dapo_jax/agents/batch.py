@@ -10,8 +10,8 @@ and appended them, right-padded to `T`:
     logp          the sampler's log-prob on model ids, 0 elsewhere (the update's `old_logp`)
 
 Turn rewards go to process supervision's step arrays (`rewards/steps.py`): step `j` of episode `b`
-ends at its turn's last model id `step_ends[b, j]` with reward `step_rewards[b, j]`; the outcome
-reward is added to the last turn's. `turn_returns` is the optional discounted form.
+ends at its turn's last model id `step_ends[b, j]` with reward `step_rewards[b, j]` (the turn's own;
+`with_outcome` adds the episode's outcome reward to its last turn).
 """
 
 from __future__ import annotations
@@ -25,24 +25,9 @@ from dapo_jax.agents.episodes import Episode
 TRUNCATED = ("budget", "context", "max_turns")
 
 
-def turn_returns(turn_rewards: Sequence[float], outcome: float, gamma: float = 1.0) -> np.ndarray:
-    """`G_j = Σ_{k>=j} γ^(k-j) r_k + γ^(n-1-j) R` for the `n` turns' rewards `r` and the outcome `R`."""
-    r = np.asarray(turn_rewards, np.float64).copy()
-    if not len(r):
-        return np.zeros(0, np.float32)
-    r[-1] += outcome
-    out = np.zeros_like(r)
-    running = 0.0
-    for j in range(len(r) - 1, -1, -1):
-        running = r[j] + gamma * running
-        out[j] = running
-    return out.astype(np.float32)
-
-
 def episode_arrays(episodes: Sequence[Episode], *, prompt_width: int, width: int, turns: int,
-                   pad_id: int = 0, outcomes: Sequence[float] | None = None) -> dict[str, np.ndarray]:
-    """`[B, ...]` arrays of `B` episodes (see the module docstring). `outcomes[b]` (default: each
-    episode's own `outcome`, or 0) is added to the last turn's step reward."""
+                   pad_id: int = 0) -> dict[str, np.ndarray]:
+    """`[B, ...]` arrays of `B` episodes (see the module docstring)."""
     b = len(episodes)
     out = {
         "prompt_ids": np.full((b, prompt_width), pad_id, np.int32), "prompt_mask": np.zeros((b, prompt_width), np.int32),
@@ -66,17 +51,21 @@ def episode_arrays(episodes: Sequence[Episode], *, prompt_width: int, width: int
         out["logp"][i, :n] = ep.logp
         out["entropy"][i, :n] = ep.entropy
         k = len(ep.turn_ends)
-        rewards = np.asarray(ep.turn_rewards, np.float32).copy()
-        outcome = (ep.outcome or 0.0) if outcomes is None else outcomes[i]
-        if k:
-            rewards[-1] += outcome
-        out["step_rewards"][i, :k] = rewards
+        out["step_rewards"][i, :k] = ep.turn_rewards
         out["step_ends"][i, :k] = ep.turn_ends
         out["step_mask"][i, :k] = 1
         out["model_tokens"][i] = ep.model_tokens
         out["truncated"][i] = ep.status in TRUNCATED
         out["num_turns"][i] = k
     return out
+
+
+def with_outcome(step_rewards: np.ndarray, num_turns: np.ndarray, outcome: np.ndarray) -> np.ndarray:
+    """`step_rewards [..., J]` with `outcome [...]` added at each episode's last turn (`num_turns - 1`;
+    an episode without a turn gets nothing)."""
+    j = np.arange(step_rewards.shape[-1])
+    last = (j == (np.asarray(num_turns)[..., None] - 1)).astype(np.float32)
+    return (step_rewards + last * np.asarray(outcome, np.float32)[..., None]).astype(np.float32)
 
 
 def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:

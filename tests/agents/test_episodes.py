@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from dapo_jax.agents.batch import episode_arrays, episode_metrics, turn_returns
+from dapo_jax.agents.batch import episode_arrays, episode_metrics, with_outcome
 from dapo_jax.agents.engine import EngineConfig, TurnEngine
 from dapo_jax.agents.env import AgentConfigError, Env, StepResult
 from dapo_jax.agents.episodes import AgentLimits, run_episodes
@@ -71,7 +71,11 @@ def test_hand_built_episodes_id_for_id(chain_engine):
     # observation ids carry no log-prob; the chain's margin makes every model id's log-prob ~0
     assert np.all(arrays["logp"][0, 3:5] == 0)
     np.testing.assert_array_equal(arrays["step_ends"][0], [2, 13, 0])
-    np.testing.assert_allclose(arrays["step_rewards"][0], [0.5, 0.5 + 2.0, 0.0])  # the outcome on the last turn
+    np.testing.assert_allclose(arrays["step_rewards"][0], [0.5, 0.5, 0.0])
+    outcomes = np.array([ep.outcome for ep in eps])
+    steps = with_outcome(arrays["step_rewards"], arrays["num_turns"], outcomes)
+    np.testing.assert_allclose(steps[0], [0.5, 0.5 + 2.0, 0.0])  # the outcome on the last turn
+    np.testing.assert_allclose(steps[2], [0.5 + 2.0, 0.0, 0.0])
     np.testing.assert_array_equal(arrays["step_mask"][0], [1, 1, 0])
     assert arrays["model_tokens"].tolist() == [12, 12, 6, 6]
     metrics = episode_metrics(eps)
@@ -203,9 +207,3 @@ def test_same_key_same_episodes_and_no_recompilation_across_turn_counts(random_e
     assert compile_count() == before
     for fn in (engine.prefill, engine.decode, engine.append):
         assert fn._cache_size() == 1
-
-
-def test_turn_returns_by_hand():
-    np.testing.assert_allclose(turn_returns([1.0, 0.0, 2.0], outcome=4.0), [7.0, 6.0, 6.0])
-    np.testing.assert_allclose(turn_returns([1.0, 0.0, 2.0], outcome=4.0, gamma=0.5), [1 + 0.25 * 6, 3.0, 6.0])
-    assert turn_returns([], outcome=1.0).shape == (0,)
