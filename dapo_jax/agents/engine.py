@@ -34,8 +34,10 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import PartitionSpec
 
 from dapo_jax.models.decoder import KVCache, positions_from_mask
+from dapo_jax.parallel.mesh import BATCH_AXES, batch_ways
 from dapo_jax.sampling.config import SamplingConfig
 from dapo_jax.sampling.processors import draw_tokens
 from dapo_jax.sampling.sampler import is_eos, shard_batch, tempered_entropy
@@ -89,6 +91,17 @@ def ends_with_stop(window: jax.Array, table: jax.Array) -> jax.Array:
     return jnp.any(jnp.all(hit, axis=-1), axis=-1)
 
 
+def shard_kv(cache: KVCache) -> KVCache:
+    """The cache's rows (axis 1 of keys and values, 0 of the mask) over ("data", "fsdp") under a mesh
+    that divides them, as `sampler.shard_batch` does for `[B, ...]` arrays: each device keeps its rows."""
+    ways = batch_ways()
+    if ways == 1 or cache.mask.shape[0] % ways:
+        return cache
+    kv = PartitionSpec(None, BATCH_AXES)
+    return cache._replace(k=jax.lax.with_sharding_constraint(cache.k, kv),
+                          v=jax.lax.with_sharding_constraint(cache.v, kv), mask=shard_batch(cache.mask))
+
+
 class TurnEngine:
     """The three jitted programs over one `graphdef` (weights are passed as `state` on each call)."""
 
@@ -106,8 +119,8 @@ class TurnEngine:
             raise ValueError(f"prompt width {s} exceeds cache_slots={self.config.cache_slots}")
         ids, mask = shard_batch(prompt_ids.astype(jnp.int32)), shard_batch(prompt_mask.astype(jnp.int32))
         cache = KVCache.init(model.config, b, self.config.cache_slots)
-        hidden, cache = model(ids, positions_from_mask(mask), mask, cache=cache)
-        return EngineState(cache, shard_batch(model.logits(hidden[:, -1])), mask.sum(axis=-1).astype(jnp.int32))
+        hidden, cache = model(ids, positions_from_mask(mask), mask, cache=shard_kv(cache))
+        return EngineState(shard_kv(cache), shard_batch(model.logits(hidden[:, -1])), mask.sum(axis=-1).astype(jnp.int32))
 
     def _append(self, state, es: EngineState, ids, n_new) -> EngineState:
         """Row b's first `n_new[b]` ids of `ids [B, A]` written after its history; rows with 0 keep their logits."""
@@ -116,6 +129,7 @@ class TurnEngine:
         real = (jnp.arange(width)[None, :] < n_new[:, None]).astype(jnp.int32)  # [B, A]
         positions = (es.pos[:, None] + jnp.arange(width)[None, :]) * real
         hidden, cache = model(shard_batch(ids.astype(jnp.int32)), positions, real, cache=es.cache)
+        cache = shard_kv(cache)
         last = jnp.take_along_axis(hidden, jnp.maximum(n_new - 1, 0)[:, None, None], axis=1)[:, 0]  # [B, d]
         logits = jnp.where((n_new > 0)[:, None], model.logits(last), es.logits)
         return EngineState(cache, shard_batch(logits), es.pos + n_new.astype(jnp.int32))
@@ -155,6 +169,7 @@ class TurnEngine:
             # the drawn token enters the cache in the same step, so an append after it follows it
             fed = active.astype(jnp.int32)[:, None]
             hidden, cache = model(tok[:, None], (es.pos * active)[:, None], fed, cache=es.cache)
+            cache = shard_kv(cache)
             logits = jnp.where(active[:, None], model.logits(hidden[:, 0]), es.logits)
             es = EngineState(cache, shard_batch(logits), es.pos + active)
             out = TurnOutput(col(out.tokens, tok), col(out.logp, lp), col(out.logq, lq), col(out.entropy, ent),

@@ -168,7 +168,7 @@ def random_episodes():
     model = random_decoder()
     graphdef, state = nnx.split(model)
     config = EngineConfig(SamplingConfig(max_new_tokens=12, temperature=1.0, eos_token_ids=(1,)), cache_slots=120,
-                          append_width=3, stop_sequences=((3,), (4, 5)))
+                          append_width=3, stop_sequences=((3,), (4,), (7,), (8, 9)))
     engine = TurnEngine(graphdef, config)
     limits = AgentLimits(max_turns=4, max_episode_tokens=24)
     rows = [{"ids": [6, 7, 8]}, {"ids": [9, 2]}, {"ids": [11]}]
@@ -188,9 +188,9 @@ def test_trainer_logprobs_equal_the_samplers_on_every_model_id(random_episodes):
     logp, _ = response_logprobs(model, jnp.asarray(a["prompt_ids"]), jnp.asarray(a["prompt_mask"]),
                                 jnp.asarray(a["response_ids"]), jnp.asarray(a["context_mask"]), temperature=1.0)
     model_ids = a["loss_mask"].astype(bool)
-    assert model_ids.sum() > 20
+    assert model_ids.sum() > 20 and (a["context_mask"].astype(bool) & ~model_ids).sum() >= 5
     gap = np.abs(np.asarray(logp) - a["logp"])[model_ids]
-    assert gap.max() <= 1e-5, gap.max()
+    assert gap.max() <= 1e-6, gap.max()  # float32; 9.5e-7 measured
     assert np.all(a["logp"][~model_ids] == 0)
 
 
