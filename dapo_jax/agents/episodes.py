@@ -147,6 +147,9 @@ def run_episodes(
         stepping = []
         for r in np.flatnonzero(active):
             n, reason = int(out.count[r]), int(out.reason[r])
+            if n == 0:  # the cache was already full: no turn at all (a turn's end must be a model id)
+                finish(r, "context")
+                continue
             toks = out.tokens[r, :n]
             ep = episodes[r]
             ep.add(toks, model=True, logp=out.logp[r, :n], entropy=out.entropy[r, :n])

@@ -207,3 +207,17 @@ def test_same_key_same_episodes_and_no_recompilation_across_turn_counts(random_e
     assert compile_count() == before
     for fn in (engine.prefill, engine.decode, engine.append):
         assert fn._cache_size() == 1
+
+
+@pytest.mark.parametrize("slots, ids, turn_ends", [(11, [3, 4, 5, 10, 11], [2]), (12, [3, 4, 5, 10, 11, 12], [2, 5])])
+def test_a_full_cache_ends_episodes_without_an_empty_turn(slots, ids, turn_ends):
+    """The 4 prompt slots, the first turn's 3 steps and one append chunk of 4 fill 11 slots: with 11 the
+    second turn cannot draw at all (no turn is recorded), with 12 it draws one id, then the cache is full."""
+    graphdef, state = nnx.split(chain_decoder())
+    config = EngineConfig(SamplingConfig(max_new_tokens=16, eos_token_ids=(20,)), cache_slots=slots, append_width=4,
+                          stop_sequences=((5,),))
+    eps = run_episodes(TurnEngine(graphdef, config), state, [{"ids": [1, 2]}], Echo, id_renderer(),
+                       AgentLimits(max_turns=4, max_episode_tokens=16), jax.random.key(0), group_size=1,
+                       prompt_width=4)
+    assert eps[0].ids == ids and eps[0].status == "context" and eps[0].turn_ends == turn_ends
+    assert eps[0].loss_mask == [1, 1, 1, 0, 0] + [1] * (len(ids) - 5)
