@@ -8,6 +8,11 @@
     engine.py    the device programs: prefill, decode a turn, append ids to the KV cache
     episodes.py  the host loop over turns
     batch.py     episodes as fixed-shape arrays with loss masks and turn rewards
+    update.py    the update's Batch from episodes: advantages, shaping, dynamic sampling on model ids
+    train.py     AgentTrainer: one training step on episodes, deterministic per step index
+    check.py     `python -m dapo_jax.agents.check ENV DATA.jsonl`: the pre-flight check as a command
+    show.py      an episode printed turn by turn
+    examples.py  CalcEnv, a calculator environment to copy from
 """
 
 from dapo_jax.agents.env import AgentConfigError, Env, StepResult, ToolEnv, Turn, load_env, preflight

@@ -120,7 +120,8 @@ class TurnEngine:
         ids, mask = shard_batch(prompt_ids.astype(jnp.int32)), shard_batch(prompt_mask.astype(jnp.int32))
         cache = KVCache.init(model.config, b, self.config.cache_slots)
         hidden, cache = model(ids, positions_from_mask(mask), mask, cache=shard_kv(cache))
-        return EngineState(shard_kv(cache), shard_batch(model.logits(hidden[:, -1])), mask.sum(axis=-1).astype(jnp.int32))
+        logits = shard_batch(model.logits(hidden[:, -1]))  # left padding: every last column is real
+        return EngineState(shard_kv(cache), logits, mask.sum(axis=-1).astype(jnp.int32))
 
     def _append(self, state, es: EngineState, ids, n_new) -> EngineState:
         """Row b's first `n_new[b]` ids of `ids [B, A]` written after its history; rows with 0 keep their logits."""
@@ -164,7 +165,8 @@ class TurnEngine:
             count = out.count + active
             window = jnp.where(active[:, None], jnp.concatenate([window[:, 1:], tok[:, None]], axis=1), window)
             stop = jnp.zeros((b,), bool) if table is None else ends_with_stop(window, table)
-            why = jnp.where(is_eos(tok, cfg.eos_token_ids), 1, jnp.where(stop, 2, jnp.where(count >= jnp.minimum(budget, d_max), 3, 0)))
+            spent = count >= jnp.minimum(budget, d_max)
+            why = jnp.where(is_eos(tok, cfg.eos_token_ids), 1, jnp.where(stop, 2, jnp.where(spent, 3, 0)))
             reason = jnp.where(active & (why > 0), why, out.reason)
             # the drawn token enters the cache in the same step, so an append after it follows it
             fed = active.astype(jnp.int32)[:, None]

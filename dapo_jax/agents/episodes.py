@@ -110,6 +110,11 @@ def run_episodes(
     g_size, t_max = group_size, limits.max_episode_tokens
     cfg = engine.config
     envs = [make_env() for _ in range(len(rows) * g_size)]
+    tool_timeout = getattr(envs[0], "tool_timeout", None) if envs else None
+    if tool_timeout is not None and tool_timeout >= limits.step_timeout:
+        # the step's deadline would fire first: a slow tool would end the episode instead of answering
+        raise AgentConfigError(f"agent: the environment's tool_timeout={tool_timeout:g} s must be under "
+                               f"step_timeout={limits.step_timeout:g} s")
     resets = run_contained([(env.reset, (dict(rows[i // g_size]),), {}) for i, env in enumerate(envs)],
                            timeout=limits.step_timeout)
     episodes: list[Episode] = []

@@ -17,5 +17,6 @@ def format_episode(episode: Episode, decode: Callable[[Sequence[int]], str], *, 
         for message in observations:
             lines.append(f"turn {j + 1} {message['role']}: {cut(message['content'])!r}")
     outcome = "none" if episode.outcome is None else f"{episode.outcome:g}"
-    lines.append(f"end: {episode.status}, outcome reward {outcome}, {episode.model_tokens} model ids of {len(episode.ids)}")
+    lines.append(f"end: {episode.status}, outcome reward {outcome}, "
+                 f"{episode.model_tokens} model ids of {len(episode.ids)}")
     return "\n".join(lines)

@@ -221,3 +221,12 @@ def test_a_full_cache_ends_episodes_without_an_empty_turn(slots, ids, turn_ends)
                        prompt_width=4)
     assert eps[0].ids == ids and eps[0].status == "context" and eps[0].turn_ends == turn_ends
     assert eps[0].loss_mask == [1, 1, 1, 0, 0] + [1] * (len(ids) - 5)
+
+
+class SlowTools(Echo):
+    tool_timeout = 30.0
+
+
+def test_a_tool_timeout_over_the_step_timeout_is_refused(chain_engine):
+    with pytest.raises(AgentConfigError, match="tool_timeout=30 s must be under step_timeout=5 s"):
+        run_chain(chain_engine, [{"ids": [1, 2]}], env=SlowTools, step_timeout=5.0)
