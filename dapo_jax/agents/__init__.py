@@ -9,6 +9,7 @@
     episodes.py  the host loop over turns
     batch.py     episodes as fixed-shape arrays with loss masks and turn rewards
     update.py    the update's Batch from episodes: advantages, shaping, dynamic sampling on model ids
+    outcome.py   outcome rewards (the environment's, else a reward function) and evaluation metrics
     train.py     AgentTrainer: one training step on episodes, deterministic per step index
     check.py     `python -m dapo_jax.agents.check ENV DATA.jsonl`: the pre-flight check as a command
     show.py      an episode printed turn by turn
