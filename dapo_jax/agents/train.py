@@ -45,6 +45,8 @@ class AgentTrainer:
         if engine.sampling.max_new_tokens < 1 or limits.max_episode_tokens > engine.sampling.max_new_tokens:
             raise ValueError(f"engine.sampling.max_new_tokens={engine.sampling.max_new_tokens} must be >= "
                              f"limits.max_episode_tokens={limits.max_episode_tokens}: a turn may use the whole budget")
+        if objective.overlong_buffer is not None and objective.max_response_length is None:
+            raise ValueError("the objective's overlong_buffer needs max_response_length (L_max, in model ids)")
         self.graphdef, params = nnx.split(model)
         self.renderer, self.make_env, self.rows = renderer, make_env, list(rows)
         self.objective, self.group_size, self.rows_per_step = objective, group_size, rows_per_step

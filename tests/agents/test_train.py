@@ -77,3 +77,11 @@ def test_a_turn_must_be_allowed_the_whole_budget():
                      rows_per_step=2, limits=AgentLimits(max_episode_tokens=16),
                      engine=EngineConfig(SamplingConfig(max_new_tokens=8), cache_slots=64, append_width=2),
                      prompt_width=4, learning_rate=1e-3)
+
+
+def test_an_overlong_band_needs_its_length():
+    engine = EngineConfig(SamplingConfig(max_new_tokens=16), cache_slots=64, append_width=2)
+    with pytest.raises(ValueError, match="overlong_buffer needs max_response_length"):
+        AgentTrainer(random_decoder(), id_renderer(), Parity, ROWS, objective=load_objective("dapo"), group_size=2,
+                     rows_per_step=2, limits=AgentLimits(max_episode_tokens=16), engine=engine, prompt_width=4,
+                     learning_rate=1e-3)
