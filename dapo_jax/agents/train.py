@@ -28,7 +28,7 @@ from flax import nnx
 
 from dapo_jax.agents.batch import episode_arrays, episode_metrics
 from dapo_jax.agents.engine import EngineConfig, TurnEngine
-from dapo_jax.agents.env import Env
+from dapo_jax.agents.env import Env, preflight
 from dapo_jax.agents.episodes import AgentLimits, Episode, run_episodes
 from dapo_jax.agents.outcome import outcome_rewards
 from dapo_jax.agents.render import DeltaRenderer
@@ -45,6 +45,7 @@ class AgentTrainer:
         if engine.sampling.max_new_tokens < 1 or limits.max_episode_tokens > engine.sampling.max_new_tokens:
             raise ValueError(f"engine.sampling.max_new_tokens={engine.sampling.max_new_tokens} must be >= "
                              f"limits.max_episode_tokens={limits.max_episode_tokens}: a turn may use the whole budget")
+        preflight(make_env, rows[0])  # import, signature, one dry episode: before anything compiles
         if objective.overlong_buffer is not None and objective.max_response_length is None:
             raise ValueError("the objective's overlong_buffer needs max_response_length (L_max, in model ids)")
         self.graphdef, params = nnx.split(model)
