@@ -118,3 +118,16 @@ def test_tool_ids_are_context_without_loss(stepped):
     blind = run(base._replace(context_mask=base.response_mask))
     assert any(np.abs(np.asarray(x) - np.asarray(y)).max() > 1e-6
                for x, y in zip(jax.tree.leaves(first), jax.tree.leaves(blind)))
+
+
+def test_the_packed_update_refuses_episodes():
+    """It packs trained tokens only: an episode's tool ids would silently leave the context."""
+    from dapo_jax.training.packed_step import make_packed_train_step
+
+    graphdef, state = nnx.split(random_decoder())
+    obj = load_objective("grpo", kl_beta=0.0)
+    tx = optax.sgd(0.1)
+    step = make_packed_train_step(graphdef, tx, optax.constant_schedule(0.1), objective=obj)
+    batch = episode_batch(arrays(), np.array([1.0, 0.0, 0.0, 1.0]), objective=obj, group_size=2).batch
+    with pytest.raises(ValueError, match="packed update does not take agent episodes"):
+        step(init_train_state(state, tx), batch)
