@@ -184,6 +184,9 @@ def make_packed_train_step(
 
         nonlocal first_call
 
+        if batch.context_mask is not None:  # it packs the trained tokens only: a tool answer would vanish
+            raise ValueError("the packed update does not take agent episodes (a context_mask) yet: "
+                             "set optim.packing=false")
         state = committed(state)  # the chunks compile for the layout `apply` hands back (parallel/mesh.py)
         host = to_host((batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask))
         p = host[2].shape[0]

@@ -64,6 +64,9 @@ class Batch(NamedTuple):
     behaviour_logp: jax.Array | None = None
     # [P, G, T] float32: VAPO's positive-example NLL weights (objectives/nll.py); None = no NLL term
     nll_weight: jax.Array | None = None
+    # [P, G, T]: the tokens the forward attends to when more than the trained ones (agent episodes:
+    # tool and template tokens are context with no loss, agents/batch.py); None = response_mask
+    context_mask: jax.Array | None = None
 
 
 def make_schedule(optim, *, decay_steps: int = 1) -> optax.Schedule:
@@ -91,6 +94,16 @@ def make_optimizer(optim, *, decay_steps: int = 1) -> tuple[optax.GradientTransf
 
 def init_train_state(params, tx: optax.GradientTransformation) -> TrainState:
     return TrainState(params, tx.init(params), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+
+
+def batch_logprobs(graphdef, params, mb: Batch, *, temperature):
+    """`policy_logprobs` of a (micro-)batch: over its context tokens, 0 off its trained ones."""
+    context = mb.response_mask if mb.context_mask is None else mb.context_mask
+    logp, entropy = policy_logprobs(graphdef, params, mb.prompt_ids, mb.prompt_mask, mb.response_ids, context,
+                                    temperature=temperature)
+    if mb.context_mask is None:
+        return logp, entropy
+    return tuple(jnp.where(mb.response_mask > 0, x, 0.0) for x in (logp, entropy))
 
 
 def policy_logprobs(graphdef, params, prompt_ids, prompt_mask, response_ids, response_mask, *, temperature):
@@ -173,10 +186,7 @@ def make_train_step(
     stats_fn, policy_pass = batch_statistics_of(objective, loss_terms)
 
     def micro_loss(params, mb: Batch, entropy_stats, frozen=None, pass_values=None):
-        logp, entropy = policy_logprobs(
-            graphdef, _joined(frozen, params), mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
-            temperature=temperature,
-        )
+        logp, entropy = batch_logprobs(graphdef, _joined(frozen, params), mb, temperature=temperature)
         pass_values = pass_values or {}
         entropy = with_pass_values(entropy, pass_values.get("entropy"))
         logp = with_pass_values(logp, pass_values.get("logp"))
@@ -213,9 +223,8 @@ def make_train_step(
         from dapo_jax.objectives.entropy_advantage import entropy_normaliser
         from dapo_jax.objectives.policy_loss import high_entropy_threshold
 
-        logp, entropy = jax.lax.stop_gradient(jax.lax.map(lambda mb: policy_logprobs(
-            graphdef, _joined(frozen, params), mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
-            temperature=temperature), mini))
+        logp, entropy = jax.lax.stop_gradient(jax.lax.map(lambda mb: batch_logprobs(
+            graphdef, _joined(frozen, params), mb, temperature=temperature), mini))
         values = {"entropy": entropy}
         if quantile is not None:
             stats["entropy_threshold"] = high_entropy_threshold(entropy, mini.response_mask, quantile=quantile)
