@@ -366,6 +366,10 @@ class RunConfig(_Section):
         if objective.max_response_length is not None and objective.max_response_length < r.max_new_tokens:
             raise _KeyedError("objective.max_response_length",
                               f"{objective.max_response_length} < rollout.max_new_tokens={r.max_new_tokens}")
+        if objective.supervised and r.temperature != 1.0:
+            raise _KeyedError("rollout.temperature", f"{r.temperature}: supervised fine-tuning trains the log-probs "
+                              f"of the logits at the rollout temperature; set it to 1 (train.eval_temperature "
+                              f"sets the evaluation's)")
         if r.overlap and objective.off_policy_correction is None:
             raise _KeyedError("rollout.overlap", f"overlapped rollouts are one update stale and objective "
                               f"{self.objective.name!r} has no off-policy correction for them: use "

@@ -45,6 +45,7 @@ from dapo_jax.training.rollout_log import RolloutLog
 from dapo_jax.training.run_dir import RunDir
 from dapo_jax.training.run_state import restore, save
 from dapo_jax.training.step import Learner, rl_step
+from dapo_jax.training.supervised import SupervisedSource
 from dapo_jax.training.train_step import init_train_state
 
 
@@ -111,8 +112,9 @@ def train(cfg: RunConfig) -> dict:
         key = jnp.asarray(run.rng, jnp.uint32)  # a raw PRNGKey; every use folds in (step, round)
         rollout_log = RolloutLog(run_dir.path, every=cfg.train.rollouts_every, sample=cfg.train.rollouts_sample,
                                  tokenizer=tokenizer, enabled=main)  # what the model wrote: `dapo-jax show`
-        actor = Actor(cfg, programs.generate, programs.continuous, policy, stream, share, tokenizer, scorer,
-                      step_scorer, group_filter, rollout_log, key)
+        actor = SupervisedSource(cfg, stream, policy) if objective.supervised else Actor(  # SFT: the data's responses
+            cfg, programs.generate, programs.continuous, policy, stream, share, tokenizer, scorer, step_scorer,
+            group_filter, rollout_log, key)
         learner = Learner(programs.prepare, programs.train_step, policy, ref_params, critic, batch_sharding(mesh),
                           reward_parts=objective.multi_reward == "normalize_then_sum",  # [P, G, K] (rewards/pipeline.py)
                           step_rewards=step_scorer is not None)
@@ -204,7 +206,8 @@ def _compile_ahead(cfg: RunConfig, actor: Actor, learner: Learner, state, run, s
     if run.step >= cfg.train.steps:
         return CompileAhead([])
     r = cfg.rollout
-    blank = Groups.blank(r.train_batch, cfg.data.max_prompt_length, r.G, r.max_new_tokens,
+    g = 1 if cfg.objective_config.supervised else r.G  # SFT: each example is a group of one response
+    blank = Groups.blank(r.train_batch, cfg.data.max_prompt_length, g, r.max_new_tokens,
                          steps=r.max_new_tokens if learner.step_rewards else 0, parts=len(scorer.weights))
     sampler = abstract(actor.policy.sampler(state.params))
     state, critic = abstract(committed(state)), abstract(committed(run.critic))  # as the updates commit them

@@ -164,14 +164,20 @@ def make_scorer(reward_cfg, objective, *, tokenizer=None, max_length: int | None
 
 
 def make_data(cfg, tokenizer, objective, *, sample: int = 8):
-    """`(train_stream, eval_stream | None, scorer)`, all checked before any model loads.
+    """`(train_stream, eval_stream | None, scorer)`, all checked before any model loads; with a supervised
+    objective the train stream's examples carry their responses (training/supervised.py).
 
     Every configured file is opened and every row parsed (`make_stream`), the reward functions are
     built and run once on the first `sample` problems of each source (each ground truth scored as a
     response to itself), so a bad row, field, file or reward option fails in seconds, naming it.
     """
     max_len = cfg.data.max_prompt_length
-    stream = make_stream(cfg.data.train, tokenizer, max_prompt_length=max_len, seed=cfg.data.seed)
+    if objective.supervised:  # (prompt, response) examples to fine-tune on (training/supervised.py)
+        from dapo_jax.training.supervised import supervised_stream
+
+        stream = supervised_stream(cfg, tokenizer)
+    else:
+        stream = make_stream(cfg.data.train, tokenizer, max_prompt_length=max_len, seed=cfg.data.seed)
     eval_stream = None
     if cfg.data.eval is not None:
         eval_stream = make_stream(cfg.data.eval, tokenizer, max_prompt_length=max_len, seed=cfg.data.seed,
@@ -180,7 +186,7 @@ def make_data(cfg, tokenizer, objective, *, sample: int = 8):
                          max_length=max_len + cfg.rollout.max_new_tokens)
     # the rule functions on the sources' answers (make_scorer has checked each reward model's folder)
     strict = scorer.replace(on_error="raise", learned=False) if len(scorer.learned) < len(scorer.functions) else None
-    for name, s in (("data.train", stream), ("data.eval", eval_stream)):
+    for name, s in (("data.train", None if objective.supervised else stream), ("data.eval", eval_stream)):
         if s is None or strict is None:
             continue
         answers = [e.answer for e in s.examples[:sample]]
