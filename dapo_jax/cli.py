@@ -1,6 +1,7 @@
 """`dapo-jax`: train, evaluate, export, show rollouts and plot.
 
     dapo-jax train [RECIPE|CONFIG.yaml] [key.sub=value ...]  # no config = the main job, cot_dapo; rerun = resume
+    dapo-jax sft [RECIPE|CONFIG.yaml] [key.sub=value ...]    # supervised fine-tuning (default cot_sft); same loop
     dapo-jax eval --model RUN_OR_HF_DIR [--data F ...]  # avg@k, pass@k, maj@k; table + results JSON + samples
     dapo-jax eval RUN_DIR [key.sub=value ...]           # the same, old form: the run's newest checkpoint
     dapo-jax export CHECKPOINT OUT_DIR [--peft]         # Hugging Face model + tokenizer (--peft: LoRA adapter)
@@ -60,6 +61,16 @@ def cmd_train(args) -> int:
     summary = ("step", "steps_skipped", "prompts_dropped_too_long")
     print(json.dumps({k: v for k, v in final.items() if k.startswith("eval/") or k in summary}))
     return 0
+
+
+def cmd_sft(args) -> int:
+    """`train` on a recipe whose objective is supervised fine-tuning (training/supervised.py): same loop."""
+    config, overrides = _split_config_and_overrides(args.items)
+    cfg = load_config(_resolve_config(config) or CONFIG_DIR / "cot_sft.yaml", overrides)
+    if not cfg.objective_config.supervised:
+        raise ConfigError(f"objective.name: {cfg.objective.name!r} is not supervised fine-tuning: `dapo-jax sft` runs "
+                          f"a recipe with objective.name=sft (or use `dapo-jax train` for RL)")
+    return cmd_train(args)
 
 
 def cmd_eval(args) -> int:
@@ -222,6 +233,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a packaged recipe's name (tiny_dapo, ...) or a config file (default: the main job, "
                         "cot_dapo) then dotted overrides")
     p.set_defaults(fn=cmd_train)
+    p = sub.add_parser("sft", help="supervised fine-tuning (or resume) on prompt/response or chat data")
+    p.add_argument("items", nargs="*", metavar="[CONFIG.yaml] key.sub=value",
+                   help="a recipe whose objective is sft (default: cot_sft) then dotted overrides")
+    p.set_defaults(fn=cmd_sft)
     p = sub.add_parser("eval", help="avg@k, pass@k, maj@k of a base model or a run's checkpoint on data sets",
                        description="Evaluates a Hugging Face model directory, a run (its newest checkpoint or "
                        "--checkpoint STEP; 0 = its base model) or a run config on the run's held-out set or on "
@@ -318,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     from dapo_jax.training.guards import INTERRUPTED_EXIT_CODE, RunStopped
 
     args = build_parser().parse_args(argv)
-    if args.command in ("train", "eval"):  # a rerun or resume reads its compiled programs back (compile_cache.py)
+    if args.command in ("train", "sft", "eval"):  # a rerun or resume reads its compiled programs back (compile_cache.py)
         from dapo_jax.compile_cache import enable_compilation_cache
 
         enable_compilation_cache()
