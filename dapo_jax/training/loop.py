@@ -31,6 +31,7 @@ from dapo_jax.training.checkpoint import Checkpointer
 from dapo_jax.training.compile_ahead import CompileAhead, abstract
 from dapo_jax.training.config import RunConfig
 from dapo_jax.training.critic import Critic
+from dapo_jax.training.distill import check_teacher, load_teacher
 from dapo_jax.training.evaluate import eval_key, evaluate
 from dapo_jax.training.group_filter import GroupFilter
 from dapo_jax.training.guards import NonFiniteMonitor, Preemption, StepBoundary
@@ -71,6 +72,8 @@ def train(cfg: RunConfig) -> dict:
 
     tokenizer = load_tokenizer(cfg)
     stream, eval_stream, scorer = sources.make_data(cfg, tokenizer, objective)
+    if cfg.distill is not None:  # on-policy distillation: the teacher reads the same token ids (one line if not)
+        check_teacher(cfg, tokenizer)
     # process supervision (docs/objectives.md#process-supervision): a process reward model's step rewards,
     # else the first reward function's rule steps (rewards/steps.py)
     step_scorer = scorer.step_scorer(tokenizer) if objective.needs_step_rewards else None
@@ -92,11 +95,13 @@ def train(cfg: RunConfig) -> dict:
         state = init_train_state(params, tx)
         del model, params
         critic = Critic.build(cfg, mesh) if objective.uses_critic else None  # PPO / VAPO's value model
+        teacher = load_teacher(cfg, mesh, tokenizer) if cfg.distill is not None else None  # frozen (distill.py)
         # every jitted program of the run, built where `dapo-jax plan` builds them (training/programs.py)
         programs = build_programs(cfg, policy=policy, model_cfg=model_cfg, mesh=mesh, tx=tx, schedule=schedule,
                                   scfg=sampling_config(cfg, tokenizer, model_cfg),
                                   eval_scfg=sampling_config(cfg, tokenizer, model_cfg, eval_mode=True),
-                                  critic=critic, prompt_width=max(stream.buckets), reward_weights=scorer.weights)
+                                  critic=critic, prompt_width=max(stream.buckets), reward_weights=scorer.weights,
+                                  teacher=teacher)
         say(f"[dapo-jax] {attention_report(cfg, mesh)}", flush=True)
 
         # however the run ends, a started save completes (unless it failed or a peer process is gone)
@@ -117,7 +122,7 @@ def train(cfg: RunConfig) -> dict:
             group_filter, rollout_log, key)
         learner = Learner(programs.prepare, programs.train_step, policy, ref_params, critic, batch_sharding(mesh),
                           reward_parts=objective.multi_reward == "normalize_then_sum",  # [P, G, K] (rewards/pipeline.py)
-                          step_rewards=step_scorer is not None)
+                          step_rewards=step_scorer is not None, teacher=teacher)
         evaluation = Evaluation(programs.generate_eval, policy, eval_stream, tokenizer, scorer, eval_key(key),
                                 batch_sharding(mesh), cfg, writer, say)
         monitor = NonFiniteMonitor(cfg.train.max_nonfinite_steps, lambda: max(ckpt.all_steps(), default=None))

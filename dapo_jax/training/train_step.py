@@ -61,6 +61,9 @@ class Batch(NamedTuple):
     behaviour_logp: jax.Array | None = None
     # [P, G, T] float32: VAPO's positive-example NLL weights (objectives/nll.py); None = no NLL term
     nll_weight: jax.Array | None = None
+    # [P, G, T] float32: the distillation teacher's log-probs of the tokens (objectives/distill.py), for its
+    # metric; None = no teacher
+    teacher_logp: jax.Array | None = None
 
 
 def make_schedule(optim, *, decay_steps: int = 1) -> optax.Schedule:
