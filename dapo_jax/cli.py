@@ -2,6 +2,7 @@
 
     dapo-jax train [RECIPE|CONFIG.yaml] [key.sub=value ...]  # no config = the main job, cot_dapo; rerun = resume
     dapo-jax sft [RECIPE|CONFIG.yaml] [key.sub=value ...]    # supervised fine-tuning (default cot_sft); same loop
+    dapo-jax rft MODEL --out kept.jsonl [--k 8] [--per-prompt 2]   # rejection sampling into an SFT file
     dapo-jax eval --model RUN_OR_HF_DIR [--data F ...]  # avg@k, pass@k, maj@k; table + results JSON + samples
     dapo-jax eval RUN_DIR [key.sub=value ...]           # the same, old form: the run's newest checkpoint
     dapo-jax export CHECKPOINT OUT_DIR [--peft]         # Hugging Face model + tokenizer (--peft: LoRA adapter)
@@ -71,6 +72,21 @@ def cmd_sft(args) -> int:
         raise ConfigError(f"objective.name: {cfg.objective.name!r} is not supervised fine-tuning: `dapo-jax sft` runs "
                           f"a recipe with objective.name=sft (or use `dapo-jax train` for RL)")
     return cmd_train(args)
+
+
+def cmd_rft(args) -> int:
+    """Rejection sampling: a model's accepted answers to data.train as an SFT file (training/rejection.py)."""
+    from dapo_jax.training.rejection import run_rft
+
+    model, overrides = _split_config_and_overrides(args.items)
+    if model is None:
+        raise ConfigError("rft: name the model: a run dir, RUN_DIR/checkpoints/STEP, a run config or a Hugging Face "
+                          "model dir, then --out FILE")
+    stats = run_rft(model, out=args.out,
+                    checkpoint=args.checkpoint, overrides=overrides, k=args.k, per_prompt=args.per_prompt,
+                    limit=args.limit)
+    print(json.dumps(stats))
+    return 0
 
 
 def cmd_eval(args) -> int:
@@ -237,6 +253,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("items", nargs="*", metavar="[CONFIG.yaml] key.sub=value",
                    help="a recipe whose objective is sft (default: cot_sft) then dotted overrides")
     p.set_defaults(fn=cmd_sft)
+    p = sub.add_parser("rft", help="rejection sampling: a model's correct answers to data.train as an SFT data file")
+    p.add_argument("items", nargs="*", metavar="MODEL [key.sub=value]",
+                   help="a run dir, RUN_DIR/checkpoints/STEP, a run config or a Hugging Face model dir; overrides")
+    p.add_argument("--out", required=True, help="the JSON-lines file of kept responses ({prompt, response, ...})")
+    p.add_argument("--k", type=int, help="responses sampled per prompt (default: rollout.G)")
+    p.add_argument("--per-prompt", dest="per_prompt", type=int, default=1, help="at most N kept per prompt (default 1)")
+    p.add_argument("--limit", type=int, help="the first N prompts of data.train")
+    p.add_argument("--checkpoint", type=int, help="the run's checkpoint step (default: the newest; 0 = base model)")
+    p.set_defaults(fn=cmd_rft)
     p = sub.add_parser("eval", help="avg@k, pass@k, maj@k of a base model or a run's checkpoint on data sets",
                        description="Evaluates a Hugging Face model directory, a run (its newest checkpoint or "
                        "--checkpoint STEP; 0 = its base model) or a run config on the run's held-out set or on "
@@ -333,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     from dapo_jax.training.guards import INTERRUPTED_EXIT_CODE, RunStopped
 
     args = build_parser().parse_args(argv)
-    if args.command in ("train", "sft", "eval"):  # a rerun or resume reads its compiled programs back (compile_cache.py)
+    if args.command in ("train", "sft", "rft", "eval"):  # a rerun or resume reads its compiled programs back (compile_cache.py)
         from dapo_jax.compile_cache import enable_compilation_cache
 
         enable_compilation_cache()
