@@ -3,6 +3,7 @@
     dapo-jax train [RECIPE|CONFIG.yaml] [key.sub=value ...]  # no config = the main job, cot_dapo; rerun = resume
     dapo-jax sft [RECIPE|CONFIG.yaml] [key.sub=value ...]    # supervised fine-tuning (default cot_sft); same loop
     dapo-jax rft MODEL --out kept.jsonl [--k 8] [--per-prompt 2]   # rejection sampling into an SFT file
+    dapo-jax stages STAGES.yaml                         # sft -> dapo -> rft -> dapo ... as one run; rerun = resume
     dapo-jax eval --model RUN_OR_HF_DIR [--data F ...]  # avg@k, pass@k, maj@k; table + results JSON + samples
     dapo-jax eval RUN_DIR [key.sub=value ...]           # the same, old form: the run's newest checkpoint
     dapo-jax export CHECKPOINT OUT_DIR [--peft]         # Hugging Face model + tokenizer (--peft: LoRA adapter)
@@ -86,6 +87,15 @@ def cmd_rft(args) -> int:
                     checkpoint=args.checkpoint, overrides=overrides, k=args.k, per_prompt=args.per_prompt,
                     limit=args.limit)
     print(json.dumps(stats))
+    return 0
+
+
+def cmd_stages(args) -> int:
+    """A chain of stages (training/stages.py): each an ordinary run from the previous one's final weights."""
+    from dapo_jax.training.stages import load_stages, run_stages
+
+    final = run_stages(load_stages(args.file))
+    print(json.dumps({k: v for k, v in final.items() if k.startswith("eval/") or k == "step"}))
     return 0
 
 
@@ -177,6 +187,10 @@ def cmd_plan(args) -> int:
     from dapo_jax.training.plan_compile import PlanCompileError
 
     config, overrides = _split_config_and_overrides(args.items)
+    from dapo_jax.training.stages import is_stages_file
+
+    if config is not None and is_stages_file(config):  # every stage, each a run of its own
+        return _plan_stages(args, config, overrides)
     cfg = load_config(_resolve_config(config) or MAIN_JOB, overrides)  # a bad key fails here, before compiling
     log = (lambda msg: None) if args.quiet else (lambda msg: print(f"[dapo-jax plan] {msg}", file=sys.stderr, flush=True))
     options = dict(device_memory_gib=args.device_memory, model_config=args.model_config, exact=args.exact, log=log,
@@ -204,6 +218,34 @@ def cmd_plan(args) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(data, indent=1))
             print(f"wrote {args.json}")
+    return 0 if fits else 3
+
+
+def _plan_stages(args, config: str, overrides: list[str]) -> int:
+    """`dapo-jax plan STAGES.yaml`: the plan of every stage (on the first stage's model shapes); exit 3 when
+    one does not fit."""
+    from dapo_jax.training.plan import make_plan
+    from dapo_jax.training.plan_report import format_plan, plan_dict
+    from dapo_jax.training.stages import load_stages
+
+    if args.search or overrides:
+        raise ConfigError("plan of a stages file: no --search and no overrides (put them in the stages' overrides)")
+    log = (lambda msg: None) if args.quiet else (lambda msg: print(f"[dapo-jax plan] {msg}", file=sys.stderr, flush=True))
+    fits, data = True, {}
+    for p in load_stages(config, for_plan=True):
+        plan = make_plan(p.cfg, topology=args.topology, device_memory_gib=args.device_memory,
+                         model_config=args.model_config, exact=args.exact, log=log, cache=not args.no_cache,
+                         estimate={"response_tokens": args.response_tokens, "mfu": args.mfu},
+                         only=tuple(args.only) if args.only else None)
+        fits &= plan.fits
+        data[p.stage.name] = plan_dict(plan)
+        if args.json != "-":
+            print(format_plan(plan, title=f"{config}: {p.label}"))
+    if args.json == "-":
+        print(json.dumps(data, indent=1))
+    elif args.json:
+        Path(args.json).write_text(json.dumps(data, indent=1))
+        print(f"wrote {args.json}")
     return 0 if fits else 3
 
 
@@ -262,6 +304,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, help="the first N prompts of data.train")
     p.add_argument("--checkpoint", type=int, help="the run's checkpoint step (default: the newest; 0 = base model)")
     p.set_defaults(fn=cmd_rft)
+    p = sub.add_parser("stages", help="run (or resume) a chain of stages: sft -> dapo -> rft -> dapo, ...")
+    p.add_argument("file", help="a stages file (run_dir + stages: [{name, recipe, overrides, rft}]), e.g. "
+                   "dapo_jax/configs/stages/cot_r1.yaml")
+    p.set_defaults(fn=cmd_stages)
     p = sub.add_parser("eval", help="avg@k, pass@k, maj@k of a base model or a run's checkpoint on data sets",
                        description="Evaluates a Hugging Face model directory, a run (its newest checkpoint or "
                        "--checkpoint STEP; 0 = its base model) or a run config on the run's held-out set or on "
@@ -358,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     from dapo_jax.training.guards import INTERRUPTED_EXIT_CODE, RunStopped
 
     args = build_parser().parse_args(argv)
-    if args.command in ("train", "sft", "rft", "eval"):  # a rerun or resume reads its compiled programs back (compile_cache.py)
+    if args.command in ("train", "sft", "rft", "stages", "eval"):  # a rerun or resume reads its compiled programs back (compile_cache.py)
         from dapo_jax.compile_cache import enable_compilation_cache
 
         enable_compilation_cache()
