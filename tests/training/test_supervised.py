@@ -202,3 +202,24 @@ def test_cli_refuses_what_the_user_must_fix_in_one_line(tiny_model_dir, tmp_path
                                                       **{"rollout.temperature": 0.7}))
     assert code == 2 and "rollout.temperature" in err, err
     assert not (tmp_path / "r2").exists() and not (tmp_path / "r3").exists()  # refused before anything is written
+
+
+def test_lora_sft_trains_the_adapters_only(tiny_model_dir, tmp_path):
+    from dapo_jax.models.hf_io import load_pretrained
+
+    data = sft_file(tmp_path / "sft.jsonl")
+    cfg = load_config(find_config("cot_sft"), sft_overrides(tiny_model_dir, tmp_path / "lora", data,
+                                                            **{"lora": "{rank: 4}", "train.steps": 2}))
+    train(cfg)
+    rows = [r for r in read_metrics(tmp_path / "lora") if "loss" in r]
+    assert [r["update_applied"] for r in rows] == [1.0, 1.0] and rows[1]["loss"] < rows[0]["loss"]
+    model, _, step = load_trained_model(cfg, tmp_path / "lora")  # the adapters merged into the base
+    def flat(m):
+        return {"/".join(map(str, k)): np.asarray(v.get_value() if hasattr(v, "get_value") else v.value)
+                for k, v in nnx.to_flat_state(nnx.state(m, nnx.Param))}
+
+    base, tuned = flat(load_pretrained(tiny_model_dir)), flat(model)
+    assert step == 2 and base.keys() == tuned.keys()
+    assert any(not np.array_equal(base[k], tuned[k]) for k in base if "q_proj" in k)  # the adapters moved them
+    embed = [k for k in base if "embed_tokens" in k]
+    assert embed and all(np.array_equal(base[k], tuned[k]) for k in embed)  # no adapter there: untouched
