@@ -375,9 +375,9 @@ class RunConfig(_Section):
         if objective.max_response_length is not None and objective.max_response_length < r.max_new_tokens:
             raise _KeyedError("objective.max_response_length",
                               f"{objective.max_response_length} < rollout.max_new_tokens={r.max_new_tokens}")
-        if self.distill is not None and (objective.supervised or objective.uses_critic or objective.kind != "policy_gradient"):
-            raise _KeyedError("distill", f"on-policy distillation adds to a policy-gradient objective's token advantages; "
-                              f"objective {self.objective.name!r} (kind={objective.kind!r}, advantage="
+        if self.distill is not None and (objective.uses_critic or objective.kind != "policy_gradient"):
+            raise _KeyedError("distill", f"on-policy distillation adds to a policy-gradient objective's token "
+                              f"advantages; objective {self.objective.name!r} (kind={objective.kind!r}, advantage="
                               f"{objective.advantage!r}) has none: use dapo, grpo, dr_grpo, ...")
         if objective.supervised and r.temperature != 1.0:
             raise _KeyedError("rollout.temperature", f"{r.temperature}: supervised fine-tuning trains the log-probs "

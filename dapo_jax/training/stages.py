@@ -163,7 +163,8 @@ def export_final(cfg: RunConfig, out: Path) -> None:
     model, tokenizer, _ = load_trained_model(cfg, cfg.train.run_dir)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    save_pretrained(model, tmp, tokenizer=tokenizer, generation_config=load_generation_config(resolve_path(cfg.model.path)))
+    generation = load_generation_config(resolve_path(cfg.model.path))  # the base's stop tokens and defaults
+    save_pretrained(model, tmp, tokenizer=tokenizer, generation_config=generation)
     os.replace(tmp, out)
 
 
