@@ -98,3 +98,17 @@ def test_a_teacher_can_be_an_earlier_stage(tmp_path):
         {"name": "rl", "recipe": "tiny_dapo"},
         {"name": "student", "recipe": "tiny_dapo", "overrides": ["distill.teacher=stage:rl"]}]))
     assert plans[1].cfg.distill.teacher == str(plans[0].export) == plans[1].cfg.model.path
+
+
+def test_plan_plans_every_stage(tmp_path, capsys):
+    from dapo_jax.cli import main
+
+    path = write_stages(tmp_path, [{"name": "cold", "recipe": "cot_sft", "overrides": SFT},
+                                   {"name": "rl", "recipe": "tiny_dapo", "overrides": RL}])
+    out = tmp_path / "plan.json"
+    assert main(["plan", path, "--quiet", "--only", "prepare", "--json", str(out)]) == 0  # one small program each
+    text = capsys.readouterr().out
+    assert "stages.0 (cold)" in text and "stages.1 (rl)" in text
+    plans = json.loads(out.read_text())
+    assert sorted(plans) == ["cold", "rl"] and all(p["fits"] for p in plans.values())
+    assert not (tmp_path / "run").exists()  # planning runs nothing
