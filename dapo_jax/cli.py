@@ -55,10 +55,13 @@ MAIN_JOB = CONFIG_DIR / "cot_dapo.yaml"
 
 
 def cmd_train(args) -> int:
+    config, overrides = _split_config_and_overrides(args.items)
+    return _train(load_config(_resolve_config(config) or MAIN_JOB, overrides))
+
+
+def _train(cfg: RunConfig) -> int:
     from dapo_jax.training.loop import train
 
-    config, overrides = _split_config_and_overrides(args.items)
-    cfg = load_config(_resolve_config(config) or MAIN_JOB, overrides)
     final = train(cfg)
     summary = ("step", "steps_skipped", "prompts_dropped_too_long")
     print(json.dumps({k: v for k, v in final.items() if k.startswith("eval/") or k in summary}))
@@ -72,7 +75,7 @@ def cmd_sft(args) -> int:
     if not cfg.objective_config.supervised:
         raise ConfigError(f"objective.name: {cfg.objective.name!r} is not supervised fine-tuning: `dapo-jax sft` runs "
                           f"a recipe with objective.name=sft (or use `dapo-jax train` for RL)")
-    return cmd_train(args)
+    return _train(cfg)
 
 
 def cmd_rft(args) -> int:

@@ -223,3 +223,13 @@ def test_lora_sft_trains_the_adapters_only(tiny_model_dir, tmp_path):
     assert any(not np.array_equal(base[k], tuned[k]) for k in base if "q_proj" in k)  # the adapters moved them
     embed = [k for k in base if "embed_tokens" in k]
     assert embed and all(np.array_equal(base[k], tuned[k]) for k in embed)  # no adapter there: untouched
+
+
+def test_cli_sft_runs_cot_sft_by_default(monkeypatch, tmp_path):
+    import dapo_jax.training.loop as loop
+    from dapo_jax.cli import main
+
+    seen = []
+    monkeypatch.setattr(loop, "train", lambda cfg: seen.append(cfg) or {"step": 0})
+    assert main(["sft", f"train.run_dir={tmp_path}"]) == 0
+    assert seen[0].objective_config.supervised and seen[0].data.train.name == "cot"
