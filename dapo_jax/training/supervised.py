@@ -60,7 +60,7 @@ def supervised_rows(source, *, seed: int) -> tuple[list[dict], str]:
     return rows[: source.limit] if source.limit else rows, source.format
 
 
-def supervised_stream(cfg: RunConfig, tokenizer, *, say=print) -> SupervisedStream:
+def supervised_stream(cfg: RunConfig, tokenizer) -> SupervisedStream:
     """data.train as a resumable stream of supervised examples, checked row by row before any model loads
     (`DataError` naming the file, row and field)."""
     from dapo_jax.models.config import ModelConfig
