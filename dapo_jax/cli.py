@@ -1,6 +1,9 @@
 """`dapo-jax`: train, evaluate, export, show rollouts and plot.
 
     dapo-jax train [RECIPE|CONFIG.yaml] [key.sub=value ...]  # no config = the main job, cot_dapo; rerun = resume
+    dapo-jax sft [RECIPE|CONFIG.yaml] [key.sub=value ...]    # supervised fine-tuning (default cot_sft); same loop
+    dapo-jax rft MODEL --out kept.jsonl [--k 8] [--per-prompt 2]   # rejection sampling into an SFT file
+    dapo-jax stages STAGES.yaml                         # sft -> dapo -> rft -> dapo ... as one run; rerun = resume
     dapo-jax eval --model RUN_OR_HF_DIR [--data F ...]  # avg@k, pass@k, maj@k; table + results JSON + samples
     dapo-jax eval RUN_DIR [key.sub=value ...]           # the same, old form: the run's newest checkpoint
     dapo-jax export CHECKPOINT OUT_DIR [--peft]         # Hugging Face model + tokenizer (--peft: LoRA adapter)
@@ -54,10 +57,13 @@ MAIN_JOB = CONFIG_DIR / "cot_dapo.yaml"
 
 
 def cmd_train(args) -> int:
+    config, overrides = _split_config_and_overrides(args.items)
+    return _train(load_config(_resolve_config(config) or MAIN_JOB, overrides))
+
+
+def _train(cfg: RunConfig) -> int:
     from dapo_jax.training.loop import train
 
-    config, overrides = _split_config_and_overrides(args.items)
-    cfg = load_config(_resolve_config(config) or MAIN_JOB, overrides)
     final = train(cfg)
     summary = ("step", "steps_skipped", "prompts_dropped_too_long")
     print(json_line({k: v for k, v in final.items() if k.startswith("eval/") or k in summary}))
@@ -74,6 +80,40 @@ def json_line(value) -> str:
         return None if isinstance(v, float) and not math.isfinite(v) else v
 
     return json.dumps(finite(value), allow_nan=False)
+
+
+def cmd_sft(args) -> int:
+    """`train` on a recipe whose objective is supervised fine-tuning (training/supervised.py): same loop."""
+    config, overrides = _split_config_and_overrides(args.items)
+    cfg = load_config(_resolve_config(config) or CONFIG_DIR / "cot_sft.yaml", overrides)
+    if not cfg.objective_config.supervised:
+        raise ConfigError(f"objective.name: {cfg.objective.name!r} is not supervised fine-tuning: `dapo-jax sft` runs "
+                          f"a recipe with objective.name=sft (or use `dapo-jax train` for RL)")
+    return _train(cfg)
+
+
+def cmd_rft(args) -> int:
+    """Rejection sampling: a model's accepted answers to data.train as an SFT file (training/rejection.py)."""
+    from dapo_jax.training.rejection import run_rft
+
+    model, overrides = _split_config_and_overrides(args.items)
+    if model is None:
+        raise ConfigError("rft: name the model: a run dir, RUN_DIR/checkpoints/STEP, a run config or a Hugging Face "
+                          "model dir, then --out FILE")
+    stats = run_rft(model, out=args.out,
+                    checkpoint=args.checkpoint, overrides=overrides, k=args.k, per_prompt=args.per_prompt,
+                    limit=args.limit)
+    print(json.dumps(stats))
+    return 0
+
+
+def cmd_stages(args) -> int:
+    """A chain of stages (training/stages.py): each an ordinary run from the previous one's final weights."""
+    from dapo_jax.training.stages import load_stages, run_stages
+
+    final = run_stages(load_stages(args.file))
+    print(json.dumps({k: v for k, v in final.items() if k.startswith("eval/") or k == "step"}))
+    return 0
 
 
 def cmd_eval(args) -> int:
@@ -164,6 +204,10 @@ def cmd_plan(args) -> int:
     from dapo_jax.training.plan_compile import PlanCompileError
 
     config, overrides = _split_config_and_overrides(args.items)
+    from dapo_jax.training.stages import is_stages_file
+
+    if config is not None and is_stages_file(config):  # every stage, each a run of its own
+        return _plan_stages(args, config, overrides)
     cfg = load_config(_resolve_config(config) or MAIN_JOB, overrides)  # a bad key fails here, before compiling
     log = (lambda msg: None) if args.quiet else (lambda msg: print(f"[dapo-jax plan] {msg}", file=sys.stderr, flush=True))
     options = dict(device_memory_gib=args.device_memory, model_config=args.model_config, exact=args.exact, log=log,
@@ -191,6 +235,34 @@ def cmd_plan(args) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(data, indent=1))
             print(f"wrote {args.json}")
+    return 0 if fits else 3
+
+
+def _plan_stages(args, config: str, overrides: list[str]) -> int:
+    """`dapo-jax plan STAGES.yaml`: the plan of every stage (on the first stage's model shapes); exit 3 when
+    one does not fit."""
+    from dapo_jax.training.plan import make_plan
+    from dapo_jax.training.plan_report import format_plan, plan_dict
+    from dapo_jax.training.stages import load_stages
+
+    if args.search or overrides:
+        raise ConfigError("plan of a stages file: no --search and no overrides (put them in the stages' overrides)")
+    log = (lambda msg: None) if args.quiet else (lambda msg: print(f"[dapo-jax plan] {msg}", file=sys.stderr, flush=True))
+    fits, data = True, {}
+    for p in load_stages(config, for_plan=True):
+        plan = make_plan(p.cfg, topology=args.topology, device_memory_gib=args.device_memory,
+                         model_config=args.model_config, exact=args.exact, log=log, cache=not args.no_cache,
+                         estimate={"response_tokens": args.response_tokens, "mfu": args.mfu},
+                         only=tuple(args.only) if args.only else None)
+        fits &= plan.fits
+        data[p.stage.name] = plan_dict(plan)
+        if args.json != "-":
+            print(format_plan(plan, title=f"{config}: {p.label}"))
+    if args.json == "-":
+        print(json.dumps(data, indent=1))
+    elif args.json:
+        Path(args.json).write_text(json.dumps(data, indent=1))
+        print(f"wrote {args.json}")
     return 0 if fits else 3
 
 
@@ -236,6 +308,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a packaged recipe's name (tiny_dapo, ...) or a config file (default: the main job, "
                         "cot_dapo) then dotted overrides")
     p.set_defaults(fn=cmd_train)
+    p = sub.add_parser("sft", help="supervised fine-tuning (or resume) on prompt/response or chat data")
+    p.add_argument("items", nargs="*", metavar="[CONFIG.yaml] key.sub=value",
+                   help="a recipe whose objective is sft (default: cot_sft) then dotted overrides")
+    p.set_defaults(fn=cmd_sft)
+    p = sub.add_parser("rft", help="rejection sampling: a model's correct answers to data.train as an SFT data file")
+    p.add_argument("items", nargs="*", metavar="MODEL [key.sub=value]",
+                   help="a run dir, RUN_DIR/checkpoints/STEP, a run config or a Hugging Face model dir; overrides")
+    p.add_argument("--out", required=True, help="the JSON-lines file of kept responses ({prompt, response, ...})")
+    p.add_argument("--k", type=int, help="responses sampled per prompt (default: rollout.G)")
+    p.add_argument("--per-prompt", dest="per_prompt", type=int, default=1, help="at most N kept per prompt (default 1)")
+    p.add_argument("--limit", type=int, help="the first N prompts of data.train")
+    p.add_argument("--checkpoint", type=int, help="the run's checkpoint step (default: the newest; 0 = base model)")
+    p.set_defaults(fn=cmd_rft)
+    p = sub.add_parser("stages", help="run (or resume) a chain of stages: sft -> dapo -> rft -> dapo, ...")
+    p.add_argument("file", help="a stages file (run_dir + stages: [{name, recipe, overrides, rft}]), e.g. "
+                   "dapo_jax/configs/stages/cot_r1.yaml")
+    p.set_defaults(fn=cmd_stages)
     p = sub.add_parser("eval", help="avg@k, pass@k, maj@k of a base model or a run's checkpoint on data sets",
                        description="Evaluates a Hugging Face model directory, a run (its newest checkpoint or "
                        "--checkpoint STEP; 0 = its base model) or a run config on the run's held-out set or on "
@@ -332,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     from dapo_jax.training.guards import INTERRUPTED_EXIT_CODE, RunStopped
 
     args = build_parser().parse_args(argv)
-    if args.command in ("train", "eval"):  # a rerun or resume reads its compiled programs back (compile_cache.py)
+    if args.command in ("train", "sft", "rft", "stages", "eval"):  # a rerun or resume reads its compiled programs back (compile_cache.py)
         from dapo_jax.compile_cache import enable_compilation_cache
 
         enable_compilation_cache()

@@ -83,6 +83,7 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
         if not drawn:
             plt.close(fig)
             continue
+        mark_stages(ax, rows)
         label_axes(ax, title, "training step", ylabel, legend_size=8)
         fig.tight_layout()
         path = out_dir / f"{name}.png"
@@ -90,6 +91,18 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
         plt.close(fig)
         written.append(path)
     return written
+
+
+def mark_stages(ax, rows: list[dict]) -> None:
+    """A chain of stages' metrics (training/stages.py: rows with `stage`): a dotted line and the stage's name
+    where each stage after the first begins."""
+    starts: dict[str, int] = {}
+    for r in rows:
+        if "stage" in r and "stage_step" in r:
+            starts.setdefault(r["stage"], r["step"] - r["stage_step"])
+    for name, x in list(starts.items())[1:]:
+        ax.axvline(x, color="grey", linestyle=":", linewidth=1)
+        ax.annotate(name, (x, 1), xycoords=("data", "axes fraction"), fontsize=6, rotation=90, va="top", ha="right")
 
 
 def label_axes(ax, title: str, xlabel: str, ylabel: str, *, integer_x: bool = True, legend_size: int = 7) -> None:

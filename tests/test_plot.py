@@ -90,3 +90,21 @@ def test_a_mixture_gets_one_line_per_source_in_its_source_figures(tmp_path):
     assert source_figures([{"step": 1, "accuracy": 0.5, "difficulty/dropped": 2}]) == {}
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     assert {p.stem for p in plot_run(tmp_path)} == set(SOURCE_FIGURES)
+
+
+def test_a_chain_of_stages_is_marked_where_each_stage_begins():
+    import matplotlib.pyplot as plt
+
+    from dapo_jax.plot import mark_stages
+
+    rows = [{"step": s + off, "stage": name, "stage_step": s, "reward_mean": 0.1}
+            for name, off in (("sft", 0), ("dapo", 3), ("rft", 8)) for s in range(1, 4 if name == "sft" else 6)]
+    fig, ax = plt.subplots()
+    mark_stages(ax, rows)
+    lines = [ln.get_xdata()[0] for ln in ax.get_lines()]
+    assert lines == [3, 8] and [t.get_text() for t in ax.texts] == ["dapo", "rft"]  # the first stage: no line
+    plt.close(fig)
+    fig, ax = plt.subplots()
+    mark_stages(ax, [{"step": 1, "reward_mean": 0.1}])  # a single run: nothing drawn
+    assert not ax.get_lines() and not ax.texts
+    plt.close(fig)

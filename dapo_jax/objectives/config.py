@@ -36,8 +36,9 @@ class ObjectiveConfig(BaseModel):
 
     Attributes (the math: docs/objectives.md):
       name: a label for logs; nothing branches on it.
-      kind: "policy_gradient" (a per-token policy loss, the fields below) or "gdpo" (group DPO,
-        docs/objectives.md#gfpo-gdpo, `gdpo.py`: needs advantage="gdpo_pair" and the reference policy).
+      kind: "policy_gradient" (a per-token policy loss, the fields below), "gdpo" (group DPO,
+        docs/objectives.md#gfpo-gdpo, `gdpo.py`: needs advantage="gdpo_pair" and the reference policy)
+        or "sft" (supervised fine-tuning on the data's responses, `supervised.py`, docs/stages.md).
       gdpo_beta: GDPO's β, the scale of the log-ratio margin inside the sigmoid.
       advantage: the advantage estimator (`advantages.py`).
       std_eps, std_unbiased: the std normaliser `(r - mean) / (std + std_eps)`; unbiased = N-1 (verl, TRL).
@@ -100,7 +101,7 @@ class ObjectiveConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = "custom"
-    kind: Literal["policy_gradient", "gdpo"] = "policy_gradient"
+    kind: Literal["policy_gradient", "gdpo", "sft"] = "policy_gradient"
     gdpo_beta: float = Field(0.1, gt=0.0)
     # advantages
     advantage: AdvantageName = "grpo"
@@ -247,6 +248,13 @@ class ObjectiveConfig(BaseModel):
             raise ValueError("kind='gdpo' has no KL, entropy, NLL or per-token terms (gdpo_beta is its KL "
                              "regulariser): set kl_beta=0, kl_in='loss', entropy_coef=0, high_entropy_quantile=None, "
                              "nll_coef=0, off_policy_correction=None")
+        if self.kind == "sft" and (self.kl_beta > 0 or self.needs_entropy or self.nll_coef or self.dynamic_sampling
+                                   or self.gfpo or self.uses_critic or self.needs_step_rewards
+                                   or self.off_policy_correction is not None or self.overlong_buffer is not None
+                                   or self.overlong_filtering or self.multi_reward != "sum"):
+            raise ValueError("kind='sft' trains on the data's responses, nothing sampled or rewarded: it takes no "
+                             "KL, entropy, NLL, dynamic sampling, GFPO, critic, step rewards, off-policy correction, "
+                             "overlong shaping or multi_reward (leave them at their defaults)")
         if self.needs_step_rewards and self.kl_beta > 0 and self.kl_in == "reward":
             raise ValueError("advantage='grpo_process' takes no KL in the reward: use kl_in='loss'")
         if self.needs_step_rewards and (self.overlong_buffer is not None or self.multi_reward != "sum"):
@@ -258,6 +266,11 @@ class ObjectiveConfig(BaseModel):
     def needs_reference(self) -> bool:
         """True when reference log-probs must be computed (beta > 0, or GDPO); DAPO-style configs need none."""
         return self.kl_beta > 0 or self.kind == "gdpo"
+
+    @property
+    def supervised(self) -> bool:
+        """True when the run fine-tunes on the data's responses (kind="sft"): no rollout, no reward."""
+        return self.kind == "sft"
 
     @property
     def needs_step_rewards(self) -> bool:

@@ -12,7 +12,7 @@ import pydantic
 import yaml
 
 from dapo_jax.objectives import advantages, aggregation, gae, kl, off_policy, policy_loss
-from dapo_jax.objectives import covariance, dppo, gdpo, gmpo, process, rollout_mismatch, sapo
+from dapo_jax.objectives import covariance, dppo, gdpo, gmpo, process, rollout_mismatch, sapo, supervised
 from dapo_jax.objectives.config import ObjectiveConfig
 
 ADVANTAGES = {
@@ -56,7 +56,7 @@ POLICY_LOSS_STATISTICS = {
 KL_ESTIMATORS = {"k1": kl.k1, "k2": kl.k2, "k3": kl.k3}
 # ObjectiveConfig.kind -> an objective of its own, called in place of the per-token policy-gradient
 # loss with objective_terms' arguments and returning its (loss_sum, denominator, metrics)
-OBJECTIVE_KINDS = {"gdpo": gdpo.gdpo_terms}
+OBJECTIVE_KINDS = {"gdpo": gdpo.gdpo_terms, "sft": supervised.sft_terms}
 AGGREGATIONS = {
     "token_mean": aggregation.token_mean,
     "seq_mean_token_mean": aggregation.seq_mean_token_mean,

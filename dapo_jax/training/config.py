@@ -328,6 +328,14 @@ class RewardSection(_Section):
 MixtureSource.model_rebuild()  # its `reward` is a RewardSection, defined after it
 
 
+class DistillSection(_Section):
+    """On-policy distillation (objectives/distill.py, docs/stages.md): a frozen teacher scores the student's samples."""
+
+    teacher: str  # a Hugging Face folder with model.path's tokenizer (its size may differ)
+    coef: float = Field(default=1.0, gt=0)  # β: the per-token reverse KL's weight in the advantage
+    task_weight: float = Field(default=1.0, ge=0)  # w: the task reward's advantage's weight; 0 = distillation alone
+
+
 class RunConfig(_Section):
     model: ModelSection = ModelSection()
     data: DataSection = DataSection()
@@ -339,6 +347,7 @@ class RunConfig(_Section):
     mesh: MeshSection = MeshSection()
     train: TrainSection = TrainSection()
     reward: RewardSection = RewardSection()
+    distill: DistillSection | None = None  # on-policy distillation from a teacher; None = off
 
     @model_validator(mode="before")
     @classmethod
@@ -444,6 +453,14 @@ class RunConfig(_Section):
         if objective.max_response_length is not None and objective.max_response_length < r.max_new_tokens:
             raise _KeyedError("objective.max_response_length",
                               f"{objective.max_response_length} < rollout.max_new_tokens={r.max_new_tokens}")
+        if self.distill is not None and (objective.uses_critic or objective.kind != "policy_gradient"):
+            raise _KeyedError("distill", f"on-policy distillation adds to a policy-gradient objective's token "
+                              f"advantages; objective {self.objective.name!r} (kind={objective.kind!r}, advantage="
+                              f"{objective.advantage!r}) has none: use dapo, grpo, dr_grpo, ...")
+        if objective.supervised and r.temperature != 1.0:
+            raise _KeyedError("rollout.temperature", f"{r.temperature}: supervised fine-tuning trains the log-probs "
+                              f"of the logits at the rollout temperature; set it to 1 (train.eval_temperature "
+                              f"sets the evaluation's)")
         if r.overlap and objective.off_policy_correction is None:
             raise _KeyedError("rollout.overlap", f"overlapped rollouts are one update stale and objective "
                               f"{self.objective.name!r} has no off-policy correction for them: use "

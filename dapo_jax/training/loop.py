@@ -32,6 +32,7 @@ from dapo_jax.training.compile_ahead import CompileAhead, abstract
 from dapo_jax.training.config import RunConfig
 from dapo_jax.training.critic import Critic
 from dapo_jax.training.difficulty import build_difficulty
+from dapo_jax.training.distill import check_teacher, load_teacher
 from dapo_jax.training.evaluate import eval_key, evaluate
 from dapo_jax.training.group_filter import GroupFilter
 from dapo_jax.training.guards import NonFiniteMonitor, Preemption, StepBoundary
@@ -46,6 +47,7 @@ from dapo_jax.training.rollout_log import RolloutLog
 from dapo_jax.training.run_dir import RunDir
 from dapo_jax.training.run_state import restore, save
 from dapo_jax.training.step import Learner, rl_step
+from dapo_jax.training.supervised import SupervisedSource
 from dapo_jax.training.train_step import init_train_state
 
 
@@ -71,6 +73,8 @@ def train(cfg: RunConfig) -> dict:
 
     tokenizer = load_tokenizer(cfg)
     stream, eval_stream, scorer = sources.make_data(cfg, tokenizer, objective)
+    if cfg.distill is not None:  # on-policy distillation: the teacher reads the same token ids (one line if not)
+        check_teacher(cfg, tokenizer)
     # process supervision (docs/objectives.md#process-supervision): a process reward model's step rewards,
     # else the first reward function's rule steps (rewards/steps.py)
     step_scorer = scorer.step_scorer(tokenizer) if objective.needs_step_rewards else None
@@ -92,11 +96,13 @@ def train(cfg: RunConfig) -> dict:
         state = init_train_state(params, tx)
         del model, params
         critic = Critic.build(cfg, mesh) if objective.uses_critic else None  # PPO / VAPO's value model
+        teacher = load_teacher(cfg, mesh, tokenizer) if cfg.distill is not None else None  # frozen (distill.py)
         # every jitted program of the run, built where `dapo-jax plan` builds them (training/programs.py)
         programs = build_programs(cfg, policy=policy, model_cfg=model_cfg, mesh=mesh, tx=tx, schedule=schedule,
                                   scfg=sampling_config(cfg, tokenizer, model_cfg),
                                   eval_scfg=sampling_config(cfg, tokenizer, model_cfg, eval_mode=True),
-                                  critic=critic, prompt_width=max(stream.buckets), reward_weights=scorer.weights)
+                                  critic=critic, prompt_width=max(stream.buckets), reward_weights=scorer.weights,
+                                  teacher=teacher)
         say(f"[dapo-jax] {attention_report(cfg, mesh)}", flush=True)
 
         # however the run ends, a started save completes (unless it failed or a peer process is gone)
@@ -119,11 +125,12 @@ def train(cfg: RunConfig) -> dict:
         rollout_log = RolloutLog(run_dir.path, every=cfg.train.rollouts_every, sample=cfg.train.rollouts_sample,
                                  tokenizer=tokenizer, enabled=main,
                                  sources=tuple(cfg.data.sources or ()))  # what the model wrote: `dapo-jax show`
-        actor = Actor(cfg, programs.generate, programs.continuous, policy, stream, share, tokenizer, scorer,
-                      step_scorer, group_filter, rollout_log, key, difficulty, tuple(cfg.data.sources or ()))
+        actor = SupervisedSource(cfg, stream, policy) if objective.supervised else Actor(  # SFT: the data's responses
+            cfg, programs.generate, programs.continuous, policy, stream, share, tokenizer, scorer, step_scorer,
+            group_filter, rollout_log, key, difficulty, tuple(cfg.data.sources or ()))
         learner = Learner(programs.prepare, programs.train_step, policy, ref_params, critic, batch_sharding(mesh),
                           reward_parts=objective.multi_reward == "normalize_then_sum",  # [P, G, K] (rewards/pipeline.py)
-                          step_rewards=step_scorer is not None)
+                          step_rewards=step_scorer is not None, teacher=teacher)
         evaluation = Evaluation(programs.generate_eval, policy, eval_stream, tokenizer, scorer.for_eval, eval_key(key),
                                 batch_sharding(mesh), cfg, writer, say)
         monitor = NonFiniteMonitor(cfg.train.max_nonfinite_steps, lambda: max(ckpt.all_steps(), default=None))
@@ -215,7 +222,8 @@ def _compile_ahead(cfg: RunConfig, actor: Actor, learner: Learner, state, run, s
     if run.step >= cfg.train.steps:
         return CompileAhead([])
     r = cfg.rollout
-    blank = Groups.blank(r.train_batch, cfg.data.max_prompt_length, r.G, r.max_new_tokens,
+    g = 1 if cfg.objective_config.supervised else r.G  # SFT: each example is a group of one response
+    blank = Groups.blank(r.train_batch, cfg.data.max_prompt_length, g, r.max_new_tokens,
                          steps=r.max_new_tokens if learner.step_rewards else 0, parts=len(scorer.weights))
     sampler = abstract(actor.policy.sampler(state.params))
     state, critic = abstract(committed(state)), abstract(committed(run.critic))  # as the updates commit them

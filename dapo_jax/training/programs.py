@@ -104,13 +104,14 @@ class RunPrograms:
 
 
 def build_programs(cfg: RunConfig, *, policy, model_cfg, mesh, tx, schedule, scfg, eval_scfg, critic=None,
-                   prompt_width: int | None = None, reward_weights=None) -> RunPrograms:
+                   prompt_width: int | None = None, reward_weights=None, teacher=None) -> RunPrograms:
     """The run's programs for `policy` (training/lora.py's PolicyWeights) on `mesh`.
 
     scfg / eval_scfg: the rollout's and the evaluation's `SamplingConfig`; critic: the `Critic` (PPO, VAPO) or
     None; prompt_width: the widest prompt bucket (continuous batching's prefill width; default
     data.max_prompt_length); reward_weights: reward.functions' weights, with `multi_reward: normalize_then_sum`
-    (the rewards then come per function, [P, G, K], and are normalised in their group on the device)."""
+    (the rewards then come per function, [P, G, K], and are normalised in their group on the device);
+    teacher: on-policy distillation's `training.distill.Teacher` (its graphdef), or None."""
     from dapo_jax.parallel.host import to_global
     from dapo_jax.parallel.mesh import batch_divisor, batch_sharding
     from dapo_jax.sampling.continuous import ContinuousSampler, default_refill
@@ -145,16 +146,22 @@ def build_programs(cfg: RunConfig, *, policy, model_cfg, mesh, tx, schedule, scf
         objective.model_copy(update={"reward_weights": tuple(float(w) for w in reward_weights)})
     # the log-prob passes run the update's micro-batches of prompts one at a time: the same rows (and the
     # same sharding) as a micro-batch of the update, so a batch whose update fits fits here too
+    teacher_logprob = None if teacher is None else make_logprob_fn(teacher.graphdef,
+                                                                   temperature=scfg.logprob_temperature)
     prepare = make_prepare(adv_objective, logprob, critic, recompute_old_logp=cfg.recompute_old_logp,
-                           chunks=o.num_minibatches * o.micro_batches)
+                           chunks=o.num_minibatches * o.micro_batches, teacher_logprob=teacher_logprob,
+                           distill=cfg.distill)
     return RunPrograms(generate, generate_eval, continuous, logprob, prepare, train_step, critic, o.packing,
                        share if o.packing else False, attention)
 
 
-def make_prepare(objective, logprob_fn, critic=None, *, recompute_old_logp: bool, chunks: int = 1) -> Callable:
+def make_prepare(objective, logprob_fn, critic=None, *, recompute_old_logp: bool, chunks: int = 1,
+                 teacher_logprob=None, distill=None) -> Callable:
     """The jitted step between the rollout and the update: recomputed log π_old (`recompute_old_logp`),
     the reference's log-probs and KL (when the objective has one), the advantages, and with a critic its
-    values, GAE and batch.
+    values, GAE and batch. With `teacher_logprob` (the teacher's log-prob program) and `distill` (the
+    config's section), on-policy distillation: the advantages become `w·A − β·(log π_old − log π_T)` per
+    token (objectives/distill.py), the teacher's params passed as `teacher_params`.
 
     chunks: each forward pass (π_old, π_ref, the critic's values) runs over `P / chunks` prompts at a time
     (`train_step.map_prompt_chunks`, chunk j = prompts j, j + chunks, ... as the update's micro-batches):
@@ -168,7 +175,7 @@ def make_prepare(objective, logprob_fn, critic=None, *, recompute_old_logp: bool
 
     @jax.jit
     def prepare(params, ref_params, prompt_ids, prompt_mask, response_ids, response_mask, old_logp,
-                rewards, valid, steps=None, critic_params=None, correct=None):
+                rewards, valid, steps=None, critic_params=None, correct=None, teacher_params=None):
         """Reference / recomputed old log-probs and the advantages: [P, G, T] device tensors (from
         the step rewards `steps` instead of `rewards` when given: process supervision), and the
         critic's batch (None without a critic)."""
@@ -187,6 +194,13 @@ def make_prepare(objective, logprob_fn, critic=None, *, recompute_old_logp: bool
             return critic.prepare(critic_params, batch, rewards, valid, correct, kl, chunks=chunks)
         adv = compute_advantages(objective, rewards if steps is None else steps, response_mask, kl, valid=valid)
         adv = jnp.broadcast_to(adv[..., None] if adv.ndim == 2 else adv, response_mask.shape) * response_mask
+        if teacher_params is not None:  # on-policy distillation: the teacher scores the student's tokens
+            from dapo_jax.objectives.distill import distill_advantages
+
+            teacher_logp = map_prompt_chunks(lambda *r: teacher_logprob(teacher_params, *r)[0], chunks, *rows)
+            adv = distill_advantages(adv, old_logp, teacher_logp, response_mask, coef=distill.coef,
+                                     task_weight=distill.task_weight)
+            batch = batch._replace(teacher_logp=teacher_logp)
         return batch._replace(advantages=adv), None
 
     return prepare

@@ -237,7 +237,8 @@ def make_scorer(reward_cfg, objective, *, tokenizer=None, max_length: int | None
 
 
 def make_data(cfg, tokenizer, objective, *, sample: int = 8):
-    """`(train_stream, eval_stream | None, scorer)`, all checked before any model loads.
+    """`(train_stream, eval_stream | None, scorer)`, all checked before any model loads; with a supervised
+    objective the train stream's examples carry their responses (training/supervised.py).
 
     Every configured file is opened and every row parsed (`make_stream`), the reward functions are
     built and the rule functions run once on the first `sample` problems of each source (each ground
@@ -252,7 +253,12 @@ def make_data(cfg, tokenizer, objective, *, sample: int = 8):
     max_len = cfg.data.max_prompt_length
     scorer = make_scorer(cfg.reward, objective, tokenizer=tokenizer,
                          max_length=max_len + cfg.rollout.max_new_tokens)
-    if cfg.data.sources is None and cfg.data.difficulty is None:
+    if objective.supervised:  # (prompt, response) examples to fine-tune on (training/supervised.py)
+        from dapo_jax.training.supervised import supervised_stream
+
+        stream = supervised_stream(cfg, tokenizer)
+        checks = []  # the data's responses are trained on, not scored
+    elif cfg.data.sources is None and cfg.data.difficulty is None:
         stream = make_stream(cfg.data.train, tokenizer, max_prompt_length=max_len, seed=cfg.data.seed,
                              order_seed=cfg.data.order_seed)
         checks = [("data.train", stream, scorer)]

@@ -84,6 +84,7 @@ class Learner:
     rows: Any  # the batch's sharding: prompts (whole groups) over ("data", "fsdp")
     reward_parts: bool  # multi_reward normalize_then_sum: each function's reward [P, G, K], combined on the device
     step_rewards: bool  # process supervision: advantages from the step rewards (docs/objectives.md#process-supervision)
+    teacher: Any = None  # on-policy distillation's frozen teacher (training/distill.py), or None
 
     def advantages(self, params, groups: Groups, critic_state=None):
         """`(Batch, critic batch)` of `groups` on the mesh. GFPO's dropped responses (`groups.selected`) leave
@@ -101,8 +102,9 @@ class Learner:
         steps = StepRewards(groups.step_rewards, groups.step_ends, groups.step_mask) if self.step_rewards else None
         critic_in = {} if self.critic is None else {
             "critic_params": critic_state.params, "correct": to_global(groups.correct, self.rows)}
+        teacher_in = {} if self.teacher is None else {"teacher_params": self.teacher.params}
         return ((self.policy.trainer(params), self.reference, *to_global(host, self.rows)),
-                {"steps": to_global(steps, self.rows), **critic_in})
+                {"steps": to_global(steps, self.rows), **critic_in, **teacher_in})
 
     def precompile(self, state: TrainState, groups: Groups, critic_state=None) -> list:
         """Compiles `advantages` and `update` for a batch shaped like `groups` (training/compile_ahead.py):
@@ -123,6 +125,11 @@ class Learner:
     def update(self, state: TrainState, critic_state, batch, critic_batch):
         """`(state, critic_state, metrics on the host)` after the step's updates."""
         state, metrics = self.train_step(state, batch, **self.policy.step_kwargs)
+        if batch.teacher_logp is not None:  # on-policy distillation: how far the student's samples are
+            from dapo_jax.training.distill import reverse_kl_mean
+
+            metrics = {**metrics, "distill/reverse_kl": reverse_kl_mean(batch.old_logp, batch.teacher_logp,
+                                                                        batch.response_mask)}
         if self.critic is not None:
             critic_state, critic_metrics = self.critic.update(critic_state, critic_batch)
             metrics = {**metrics, **critic_metrics}

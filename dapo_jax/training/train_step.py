@@ -67,6 +67,9 @@ class Batch(NamedTuple):
     # [P, G, T]: the tokens the forward attends to when more than the trained ones (agent episodes:
     # tool and template tokens are context with no loss, agents/batch.py); None = response_mask
     context_mask: jax.Array | None = None
+    # [P, G, T] float32: the distillation teacher's log-probs of the tokens (objectives/distill.py), for its
+    # metric; None = no teacher
+    teacher_logp: jax.Array | None = None
 
 
 def make_schedule(optim, *, decay_steps: int = 1) -> optax.Schedule:
