@@ -78,18 +78,20 @@ class ObjectiveConfig(BaseModel):
         whose geometric-mean ratio is in [C_low, C], "icepop" weights a token by its ratio inside
         [C_low, C] and 0 outside, "k3_seq_mask" drops a response whose mean K3 exceeds
         off_policy_k3_threshold (`rollout_mismatch.py`).
+      off_policy_k3_threshold: "k3_seq_mask"'s bound on a response's mean k − 1 − log k, k = π_old/μ.
       off_policy_batch_normalize: divide the correction's weights by their mean over the update batch.
       off_policy_bypass: no recomputed π_old: π_old is the sampler's (rollout.recompute_old_logp=false) and
         the masks compare the current policy (detached) with μ, re-taken every micro-step (verl's bypass
         mode). Masking corrections only: a weight on top of a ratio to μ would count it twice.
       sapo_tau_pos, sapo_tau_neg: SAPO's gate temperatures for A > 0 / A <= 0 (`sapo.py`).
-      clip_cov_ratio, clip_cov_lb, clip_cov_ub: Clip-Cov's fraction r and covariance window (ω_low, ω_high);
-        kl_cov_ratio, kl_cov_coef: KL-Cov's fraction k and β (`covariance.py`).
+      clip_cov_ratio, clip_cov_lb, clip_cov_ub: Clip-Cov's fraction r and covariance window (ω_low, ω_high)
+        (`covariance.py`).
+      kl_cov_ratio, kl_cov_coef: KL-Cov's fraction k of the tokens and the β of its |logp − old| penalty.
       dppo_delta_low, dppo_delta_high, dppo_is_cap: DPPO's region δ for A <= 0 / A > 0 and the cap C on
         its importance weight (None = none) (`dppo.py`).
       opsm_delta: DeepSeek-V3.2's off-policy sequence mask δ (drop a negative-advantage response whose
-        mean log(μ/π_θ) exceeds δ); None = off. kl_unbiased: its KL estimate, the estimator times
-        π_θ/π_old (`deepseek_v32.py`).
+        mean log(μ/π_θ) exceeds δ); None = off (`deepseek_v32.py`).
+      kl_unbiased: DeepSeek-V3.2's unbiased KL: the estimator times π_θ/π_old (needs kl_beta > 0 in the loss).
       gamma, gae_lambda, critic_lambda, lambda_alpha, whiten_advantages, value_clip,
         value_pretrain_steps, nll_coef: the critic family (advantage="gae": PPO, VAPO; docs/objectives.md#critic-ppo-vapo,
         `gae.py`, `nll.py`): discount γ, the policy's GAE λ, the value targets' λ (decoupled GAE),

@@ -133,3 +133,10 @@ def test_no_valid_tokens_selects_nothing():
         loss, _, metrics = fn(logp, old, a, z, priority=u)
         assert np.all(np.isfinite(np.asarray(loss)))
         assert float(finalize_metrics(metrics)["cov_selected_frac"]) == 0.0
+
+
+def test_bfloat16_inputs_compute_in_float32():
+    logp, old, a, mask, u = batch(12)
+    for fn in (cv.clip_cov, cv.kl_cov):
+        got, _, _ = fn(jnp.asarray(logp, jnp.bfloat16), jnp.asarray(old, jnp.bfloat16), a, mask, priority=u)
+        assert got.dtype == jnp.float32 and np.all(np.isfinite(np.asarray(got)))

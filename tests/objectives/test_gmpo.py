@@ -85,3 +85,11 @@ def test_zero_advantage_and_empty_response():
     loss, s, _ = gmpo(logp, jnp.zeros_like(logp), jnp.zeros_like(logp), mask)
     assert np.all(np.asarray(loss) == 0)
     np.testing.assert_allclose(float(s[0, 0, 0]), np.sqrt(6.0), rtol=1e-6)  # A = 0: no clip, plain geometric mean
+
+
+def test_bfloat16_inputs_compute_in_float32():
+    logp, old, a, mask = batch(10, scale=0.1)
+    want, _, _ = gmpo(logp.astype(np.float32), old.astype(np.float32), a, mask)
+    got, _, _ = gmpo(jnp.asarray(logp, jnp.bfloat16), jnp.asarray(old, jnp.bfloat16), a, mask)
+    assert got.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0.05, atol=0.05)

@@ -161,7 +161,7 @@ def test_the_table_is_mean_and_sd_of_hand_made_runs_with_pre_training_counted(tm
 
     figures = league.write_figures(tmp_path / "figures", rows, runs, offsets, plan.budget)
     assert sorted(p.name for p in figures) == ["league_dynamic_sampling.png", "league_group.png", "league_other.png",
-                                               "league_ratio.png"]
+                                               "league_ratio.png", "league_recent.png"]
     out = tmp_path / "league.md"
     text = league.write_report(out, plan, cfg, rows, summaries, runs, offsets, target, figures, "python x", missing)
     assert "**Partial results.**" in text and "vapo/seed1" in text and "(budget − 384 value pre-training samples)" in text
