@@ -26,6 +26,9 @@ from jax.sharding import PartitionSpec as P
 
 SPLASH_BLOCK = 512  # tokens per splash block (the sequence is padded to a multiple of it, or of 128 when shorter)
 GPU_BLOCK = 128
+GPU_BACKWARD_BLOCK = 32  # the backward kernel's blocks (all four): JAX's default
+GPU_SMEM_BUDGET = 200 * 1024  # bytes of shared memory a GPU kernel's blocks may ask for, by `gpu_smem_bytes`
+GPU_STAGES = 2  # `mha`'s default num_stages: how many copies of a loop's loaded tiles the pipeline keeps
 
 
 def _padded(s: int, block: int, smallest: int) -> tuple[int, int]:
@@ -33,6 +36,58 @@ def _padded(s: int, block: int, smallest: int) -> tuple[int, int]:
     shorter, so that the backward kernels' smaller blocks divide it."""
     blk = min(block, max(smallest, 1 << (s - 1).bit_length()))
     return blk, -(-s // blk) * blk
+
+
+def gpu_smem_bytes(block_q: int, block_k: int, block_bwd: int, head_dim: int, itemsize: int,
+                   stages: int = GPU_STAGES) -> tuple[int, int]:
+    """`(forward, backward)`: the shared memory, in bytes, that JAX's Pallas GPU attention
+    (`jax.experimental.pallas.ops.gpu.attention`) needs with these blocks, as Triton lays it out: the tiles
+    a kernel's loop loads and feeds to its dots are kept in shared memory, `stages` copies of each (the
+    software pipeline), the tiles loaded once before the loop one copy each, every tile
+    `[block, head_dim padded to a power of two]` in the inputs' dtype (`itemsize` bytes).
+
+    forward  = itemsize * D * (block_q + 2 * stages * block_k)    q once; k and v in the loop
+    backward = itemsize * D * (2 + 2 * stages) * block_bwd        dK/dV scan: k, v once, q and dO in the
+                                                                  loop; the dQ scan the same with the roles
+                                                                  swapped; the scans do not overlap
+
+    On an H100 (jax 0.11.2) float32, head_dim 128, blocks 128 asked for 262,656 bytes: the k and v
+    stages' 262,144 and 512 of barriers (Triton kept q out of shared memory there: counting it errs on
+    the safe side). The float32/64 and bfloat16/128 forwards at blocks 128 (131,072 bytes of k and v) ran.
+    """
+    d = 1 << (head_dim - 1).bit_length()
+    forward = itemsize * d * (block_q + 2 * stages * block_k)
+    backward = itemsize * d * (2 + 2 * stages) * block_bwd
+    return forward, backward
+
+
+def gpu_block_sizes(block: int, head_dim: int, itemsize: int, budget: int = GPU_SMEM_BUDGET,
+                    stages: int = GPU_STAGES) -> tuple[int, int, int]:
+    """`(block_q, block_k, block_bwd)` for the Pallas GPU kernel on a sequence padded to a multiple of
+    `block` (a power of two >= 16): `block, block` forward and `min(32, block)` for the backward's four
+    blocks when `gpu_smem_bytes` says they fit in `budget`, else halved until they do: the forward's
+    block_k while it is >= block_q (it is counted `2 * stages` times, and a larger block_q keeps fewer
+    programs re-reading k and v), else block_q; never below 16 (Triton's smallest dot). The halved blocks
+    still divide the padded length, and only the tiling changes (the same sums in another order).
+
+    The budget, 200 KiB, is an H100's (sm_90) 227 KiB a block may have (232,448 bytes) less 27 KiB for
+    what the count leaves out (barriers, the scratch of layout conversions and row reductions, another
+    Triton's pipelining). bfloat16 up to head_dim 128 and float32 up to 64 keep JAX's 128/128/32;
+    float32 at 128 takes 128/64/32, at 256 64/32/32; bfloat16 at 256 128/64/32.
+    """
+    need = lambda bq, bk, bb: gpu_smem_bytes(bq, bk, bb, head_dim, itemsize, stages)  # noqa: E731
+    bq, bk, bb = block, block, min(GPU_BACKWARD_BLOCK, block)
+    while need(bq, bk, bb)[0] > budget and max(bq, bk) > 16:
+        if bk >= bq:
+            bk //= 2
+        else:
+            bq //= 2
+    while need(bq, bk, bb)[1] > budget and bb > 16:
+        bb //= 2
+    if max(need(bq, bk, bb)) > budget:
+        raise ValueError(f"the Pallas GPU attention kernel cannot fit head_dim {head_dim} at {itemsize} bytes "
+                         f"in {budget} bytes of shared memory: use model.attention=blockwise")
+    return bq, bk, bb
 
 
 def _pad(q, k, v, seg, length):
@@ -76,8 +131,10 @@ def _gpu_local(q, k, v, seg, *, interpret: bool):
     b, s, g, r, d = q.shape
     block, length = _padded(s, GPU_BLOCK, 16)
     q, k, v, seg = _pad(q, k, v, seg, length)
-    sizes = gpu_attention.BlockSizes(block_q=block, block_k=block, block_q_dkv=min(32, block),
-                                     block_kv_dkv=min(32, block), block_q_dq=min(32, block), block_kv_dq=min(32, block))
+    itemsize = max(x.dtype.itemsize for x in (q, k, v))
+    bq, bk, bb = gpu_block_sizes(block, d, itemsize, GPU_SMEM_BUDGET)  # what fits the GPU's shared memory
+    sizes = gpu_attention.BlockSizes(block_q=bq, block_k=bk, block_q_dkv=bb, block_kv_dkv=bb, block_q_dq=bb,
+                                     block_kv_dq=bb)
     qh = q.reshape(b, length, g * r, d)
     kh, vh = jnp.repeat(k, r, axis=2), jnp.repeat(v, r, axis=2)  # head h = kv * R + r reads key head kv
     out = gpu_attention.mha(qh, kh, vh, seg, sm_scale=1.0 / math.sqrt(d), causal=True, block_sizes=sizes,

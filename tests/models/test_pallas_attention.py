@@ -43,6 +43,48 @@ def test_kernel_equals_the_reference(name):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
 
 
+KIB = 1024
+
+
+@pytest.mark.parametrize("itemsize, head_dim, blocks, need", [
+    # bytes = itemsize * D * (block_q + 4 * block_k) forward, itemsize * D * 6 * block_bwd backward
+    (2, 64, (128, 128, 32), (80 * KIB, 24 * KIB)),     # 2*64*640, 2*64*192: JAX's blocks, as before
+    (2, 128, (128, 128, 32), (160 * KIB, 48 * KIB)),   # 2*128*640: ran on an H100, kept as before
+    (2, 256, (128, 64, 32), (192 * KIB, 96 * KIB)),    # 2*256*640 = 320 KiB > 200 -> block_k 64: 2*256*384
+    (4, 64, (128, 128, 32), (160 * KIB, 48 * KIB)),    # 4*64*640: ran on an H100, kept as before
+    (4, 128, (128, 64, 32), (192 * KIB, 96 * KIB)),    # 4*128*640 = 320 KiB (the H100's failure) -> 4*128*384
+    (4, 256, (64, 32, 32), (192 * KIB, 192 * KIB)),    # 640 -> 384 (k 64) -> 320 (q 64) -> 4*256*192 (k 32)
+    (4, 80, (128, 64, 32), (192 * KIB, 96 * KIB)),     # head_dim padded to 128 as the kernel pads it
+])
+def test_gpu_block_sizes_fit_the_shared_memory_budget(itemsize, head_dim, blocks, need):
+    """The blocks the GPU kernel gets for float32 (4 bytes) and bfloat16 (2) at head_dim 64/128/256 and a
+    sequence of >= 128 tokens, and the shared memory they need, computed by hand (200 KiB budget)."""
+    assert pallas_attention.gpu_block_sizes(128, head_dim, itemsize) == blocks
+    assert pallas_attention.gpu_smem_bytes(*blocks, head_dim, itemsize) == need
+    assert max(need) <= pallas_attention.GPU_SMEM_BUDGET == 200 * KIB
+
+
+def test_gpu_block_sizes_of_short_sequences_and_the_smallest_blocks():
+    assert pallas_attention.gpu_block_sizes(16, 16, 4) == (16, 16, 16)  # the tiny models: as before
+    assert pallas_attention.gpu_block_sizes(64, 128, 4) == (64, 64, 32)  # 4*128*(64+256) = 160 KiB fits
+    assert pallas_attention.gpu_block_sizes(64, 256, 4) == (64, 32, 32)
+    with pytest.raises(ValueError, match="head_dim 4096"):
+        pallas_attention.gpu_block_sizes(128, 4096, 4)  # 4*4096*80 at blocks 16: no block fits
+
+
+def test_kernel_with_smaller_blocks_equals_the_reference(monkeypatch):
+    """Halved blocks change the tiling only: with a budget that forces block_q 32, block_k 16 and the
+    backward's 16 (the sequence padded to 64), the same values and gradients as the reference."""
+    monkeypatch.setattr(pallas_attention, "GPU_SMEM_BUDGET", 4 * 8 * (32 + 4 * 16))
+    assert pallas_attention.gpu_block_sizes(64, 8, 4, pallas_attention.GPU_SMEM_BUDGET) == (32, 16, 16)
+    real, ids, q, k, v, w = case()
+    want, want_g = value_and_grads(lambda *a: reference_attention(*a, ids), q, k, v, w)
+    got, got_g = value_and_grads(lambda *a: pallas_attention.gpu_flash(*a, ids.segment_ids, interpret=True), q, k, v, w)
+    np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], atol=1e-5)
+    for a, b in zip(got_g, want_g):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
 def test_kernel_under_a_mesh_equals_one_device():
     """Rows over ("data", "fsdp") and key/value heads over "tensor", each device running the kernel on its
     shard (shard_map): the same values and gradients as without a mesh."""
@@ -73,7 +115,9 @@ def test_gpu_flash_compiled_for_the_gpu_equals_the_reference(dtype, tol, s, d):
     """The kernel as a GPU run compiles it (lengths off the block, the tiny models' head size 16, Qwen's 64
     and 128), against the float32 reference at full matmul precision: values and gradients, relative error.
     The kernel's float32 dots run as TF32 on an H100 (10-bit mantissa): at 1030 x 128 float32 the error
-    went over 5e-3 there, so float32 gets bf16's bound; a wrong mask or block is off by far more."""
+    went over 5e-3 there, so float32 gets bf16's bound; a wrong mask or block is off by far more. float32 at
+    head_dim 128 runs blocks 128/64/32 (`gpu_block_sizes`): 128/128/32 asked for 262,656 bytes of shared
+    memory where an H100 has 232,448."""
     real, ids, q, k, v, w = case(b=2, s=s, g=2, r=3, d=d)
     with jax.default_matmul_precision("highest"):
         want, want_g = jax.jit(lambda *a: value_and_grads(lambda *x: reference_attention(*x, ids), *a))(q, k, v, w)
@@ -81,7 +125,12 @@ def test_gpu_flash_compiled_for_the_gpu_equals_the_reference(dtype, tol, s, d):
     got, got_g = jax.jit(lambda *a: value_and_grads(
         lambda *x: pallas_attention.gpu_flash(*x, ids.segment_ids), *a))(*cast, w.astype(dtype))
     assert got.dtype == dtype and all(g.dtype == dtype for g in got_g)
-    assert relative_error(np.asarray(got)[real], np.asarray(want)[real]) < tol
-    for a, b in zip(got_g, want_g):
+    errors = [relative_error(np.asarray(got)[real], np.asarray(want)[real])] + [
+        relative_error(a, b) for a, b in zip(got_g, want_g)]
+    block = pallas_attention._padded(s, pallas_attention.GPU_BLOCK, 16)[0]
+    blocks = pallas_attention.gpu_block_sizes(block, d, jnp.dtype(dtype).itemsize)
+    print(f"blocks {blocks}: relative errors (out, dq, dk, dv)", ", ".join(f"{e:.3g}" for e in errors))
+    assert errors[0] < tol
+    for a, e in zip(got_g, errors[1:]):
         assert np.isfinite(np.asarray(a, np.float32)).all()
-        assert relative_error(a, b) < tol
+        assert e < tol

@@ -127,13 +127,30 @@ def test_sampler_tokens_and_logprobs_are_unchanged_by_the_prefills_implementatio
 @pytest.mark.parametrize("name", ["qwen3", "llama3"])
 def test_gpu_flash_decoder_on_a_gpu_equals_the_reference(name):
     """What `model.attention: auto` runs on a GPU, compiled for it: packed segments with padding, hidden
-    states and every parameter's gradient against the reference at full matmul precision (relative error;
-    the kernel's float32 dots run as TF32: 6.7e-3 in a gradient of llama3's on an H100)."""
+    states and every parameter's gradient against the reference, both at full matmul precision, each
+    within 1e-4 of the reference's norm.
+
+    Both at "highest", because the switch is what is compared: the kernel's dots follow
+    `jax_default_matmul_precision` as every other matmul of the model does (`lax.dot_general` takes it
+    when traced; Pallas-Triton lowers HIGHEST to IEEE float32 and DEFAULT to TF32), so a user who wants
+    float32 sets that flag and gets it from the kernel too; forcing IEEE dots into the kernel would slow
+    every default float32 run and still leave the rest of the model at TF32. The gpu_flash side used to
+    run at the default precision against a reference at "highest": every projection and MLP matmul then
+    ran as TF32 (10-bit mantissa, 2^-11 per rounding) on one side only, which measured TF32 against
+    float32 across the whole model (6.7e-3 in a gradient of llama3's on an H100), not the attention. At
+    the same precision what is left is float32 rounding in another order (online softmax, exp2, blocks):
+    1.6e-6 at most in the interpreted kernel on a CPU, against ~1e-3 were a TF32 dot left in and far more
+    for a wrong mask or block. The bound is `|got - want| <= 1e-4 |want|`, not a ratio: llama3's unused
+    lm_head (the hidden states are compared, not logits) has a zero gradient on both sides, whose ratio,
+    0/0 = nan, failed the old `rel < 2e-2` on an H100 whatever the kernel did."""
     cfg = CONFIGS[name].replace(head_dim=16)
     with jax.default_matmul_precision("highest"):
         want_h, want_g = forward_and_grads(cfg.replace(attention="reference"), False)
-    got_h, got_g = forward_and_grads(cfg.replace(attention="gpu_flash"), False)
-    rel = lambda a, b: float(np.linalg.norm(np.asarray(a) - np.asarray(b)) / np.linalg.norm(np.asarray(b)))  # noqa: E731
-    assert rel(got_h, want_h) < 2e-2
-    for a, b in zip(jax.tree.leaves(got_g), jax.tree.leaves(want_g)):
-        assert rel(a, b) < 2e-2
+        got_h, got_g = forward_and_grads(cfg.replace(attention="gpu_flash"), False)
+    norm = lambda x: float(np.linalg.norm(np.asarray(x, np.float64)))  # noqa: E731
+    pairs = [("hidden", got_h, want_h)] + [(jax.tree_util.keystr(path), a, b) for (path, a), b in zip(
+        jax.tree_util.tree_leaves_with_path(got_g), jax.tree.leaves(want_g))]
+    errors = {key: (norm(a - b), norm(b)) for key, a, b in pairs}
+    worst = max(errors, key=lambda key: errors[key][0] / max(errors[key][1], 1e-30))
+    print(f"{name}: largest |got - want| / |want| {errors[worst][0] / max(errors[worst][1], 1e-30):.3g} at {worst}")
+    assert all(err <= 1e-4 * ref for err, ref in errors.values()), errors
