@@ -493,15 +493,24 @@ def _set_dotted(tree: dict, dotted: str, value: Any, source: str) -> None:
 
 def parse_overrides(overrides: list[str] | tuple[str, ...]) -> list[tuple[str, Any]]:
     """`["a.b=3", "c=[1, 2]"]` -> [("a.b", 3), ("c", [1, 2])]; values parsed by `yaml.safe_load`.
-    `objective=NAME` is `objective.name=NAME`: another recipe, with the config's objective field overrides."""
+
+    `objective=NAME` is the section `{name: NAME}`: that objective's recipe as shipped, the config file's
+    objective keys dropped (they were tuned for the file's objective: DAPO's overlong punishment must not
+    ride along into a GRPO run). `objective.name=NAME` keeps them, as overrides of NAME's recipe."""
     parsed = []
     for item in overrides:
         if "=" not in item or item.startswith("="):
             raise ConfigError(f"override {item!r} must look like key.sub=value")
         key, raw = item.split("=", 1)
-        value = yaml.safe_load(raw) if raw.strip() else None
-        if key.strip() == "objective" and isinstance(value, str):  # `objective=gfpo`: the recipe by name
-            key = "objective.name"
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as e:
+            where = f" (line {e.problem_mark.line + 1}, column {e.problem_mark.column + 1})" if getattr(
+                e, "problem_mark", None) else ""
+            raise ConfigError(f"override {item!r}: the value is not valid YAML{where}: "
+                              f"{getattr(e, 'problem', None) or e} (check its brackets and quotes)") from None
+        if key.strip() == "objective" and isinstance(value, str):  # `objective=grpo`: the recipe by name
+            value = {"name": value}
         parsed.append((key.strip(), value))
     return parsed
 
