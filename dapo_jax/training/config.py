@@ -46,6 +46,9 @@ class ModelSection(_Section):
     # attention without a KV cache (update, log-probs, critic, prefill): models/attention.py. auto = splash on
     # TPU, gpu_flash on GPU, on CPU reference for short rows and blockwise for long ones
     attention: Literal["auto", "reference", "blockwise", "splash", "gpu_flash"] = "auto"
+    # resume although model.path's weights, tokenizer or config files changed since the run started (logged;
+    # training/model_identity.py)
+    accept_changed: bool = False
 
 
 class SourceSection(_Section):

@@ -29,7 +29,7 @@ from dapo_jax.training.config import ConfigError, RunConfig, save_config
 RESUMABLE_KEYS = {"train.steps", "train.max_samples", "train.progress", "train.tensorboard", "train.eval_every",
                   "train.checkpoint_every", "train.keep_checkpoints", "train.run_dir", "train.fresh_start",
                   "train.max_nonfinite_steps", "train.rollouts_every", "train.rollouts_sample", "train.loggers",
-                  "data.accept_changed"}
+                  "data.accept_changed", "model.accept_changed"}
 
 
 class RunDir:
