@@ -30,6 +30,10 @@ class _NoTorchBanner(logging.Filter):
 
 logging.getLogger("transformers").addFilter(_NoTorchBanner())  # before anything imports transformers
 
+from dapo_jax import startup  # noqa: E402
+
+startup.prepare()  # SIGTERM / SIGHUP during the imports below: one line; libtpu quiet without a TPU
+
 from dapo_jax.training.config import CONFIG_DIR, ConfigError, RunConfig, find_config, load_config  # noqa: E402
 from dapo_jax.training.rollout import StarvationError  # noqa: E402
 from dapo_jax.training.sources import DataError  # noqa: E402

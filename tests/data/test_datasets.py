@@ -117,3 +117,25 @@ def test_register_format():
             register_format(name, DatasetFormat("x", "y"))
     finally:
         FORMATS.pop(name)
+
+
+def test_a_byte_that_is_not_utf8_names_the_file_line_and_column(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(b'{"question": "1+1=", "answer": "#### 2"}\n{"question": "caf\xe9?", "answer": "#### 3"}\n')
+    with pytest.raises(DataError) as info:
+        load_problems(str(path), format="gsm8k")
+    assert str(info.value) == f"{path}: line 2, column 18: byte 0xe9 is not UTF-8 (save the file as UTF-8)"
+
+
+def test_a_named_pipe_is_read_like_a_file(tmp_path):
+    """`data.train=<(zcat rows.jsonl.gz)` in a shell gives a pipe: its rows are read like a file's."""
+    import os
+    import threading
+
+    fifo = tmp_path / "rows.jsonl"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text('{"question": "2+2=", "answer": "#### 4"}\n'))
+    writer.start()
+    problems = load_problems(str(fifo), format="gsm8k")
+    writer.join()
+    assert [(p.problem, p.answer) for p in problems] == [("2+2=", "4")]

@@ -56,6 +56,22 @@ def test_malformed_jsonl_names_file_and_line_before_anything_is_written(tiny_mod
     assert (run_dir / "config.yaml").exists()
 
 
+def test_a_byte_that_is_not_utf8_is_one_line_at_the_start_and_at_a_resume(tiny_model_dir, tmp_path, overrides_for,
+                                                                         capsys):
+    """A Latin-1 byte in the .jsonl, in the file the run starts on, or written into it before the resume."""
+    good = '{"question": "1+1=", "answer": "#### 2"}\n{"question": "2+2=", "answer": "#### 4"}\n'
+    data, run_dir = tmp_path / "train.jsonl", tmp_path / "run"
+    data.write_bytes(good.encode() + b'{"question": "caf\xe9", "answer": "#### 1"}\n')
+    rc, err, _ = train_rc([*gsm8k_overrides(overrides_for, tiny_model_dir, run_dir, data), "train.steps=1"], capsys)
+    assert rc == 2 and err == f"dapo-jax: DataError: {data}: line 3, column 18: byte 0xe9 is not UTF-8 (save the file as UTF-8)"
+    assert_nothing_written(run_dir)
+    data.write_text(good)
+    assert train_rc([*gsm8k_overrides(overrides_for, tiny_model_dir, run_dir, data), "train.steps=1"], capsys)[0] == 0
+    data.write_bytes(good.replace("2+2", "2\xa02").encode("latin-1"))  # edited in place between the run and its resume
+    rc, err, _ = train_rc([*gsm8k_overrides(overrides_for, tiny_model_dir, run_dir, data), "train.steps=2"], capsys)
+    assert rc == 2 and err == f"dapo-jax: DataError: {data}: line 2, column 16: byte 0xa0 is not UTF-8 (save the file as UTF-8)"
+
+
 def test_empty_jsonl_is_a_one_line_error(tiny_model_dir, tmp_path, overrides_for, capsys):
     data = tmp_path / "empty.jsonl"
     data.write_text("")
@@ -493,3 +509,92 @@ def test_a_mesh_that_leaves_devices_idle_says_so(capsys):
                                          "optim.num_minibatches=1"]))
     assert mesh.devices.size == 3
     assert f"uses 3 of the {n} visible devices" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- SIGHUP, and signals while starting
+def test_sighup_saves_like_sigterm_in_one_line(tiny_model_dir, tmp_path, overrides_for):
+    run_dir = tmp_path / "run"
+    code, err, saved, _ = stop_mid_run(signal.SIGHUP, tiny_model_dir, run_dir, overrides_for)
+    assert code == 143, err[-2000:]
+    said = [line for line in err.splitlines() if line.startswith("dapo-jax:")]
+    assert said == [f"dapo-jax: Preempted: SIGHUP (the terminal closed) at step {saved}: checkpoint saved in "
+                    f"{run_dir / 'checkpoints'}; rerun the same command to resume"], said
+    assert max(r["step"] for r in read_metrics(run_dir)) == saved
+
+
+def test_closing_the_runs_terminal_saves_and_the_next_run_resumes(tiny_model_dir, tmp_path, overrides_for):
+    """The run's terminal is a pseudo-terminal it controls; closing it (the terminal window, an ssh session)
+    makes the kernel send SIGHUP, and every later write to it fails: the run saves the step and exits 143."""
+    import pty
+    import threading
+
+    run_dir = tmp_path / "run"
+    args = overrides_for(tiny_model_dir, run_dir, **{"train.steps": 400, "train.checkpoint_every": 0,
+                                                    "train.progress": "true"})
+    master, slave = pty.openpty()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    controlled = ("import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "  # the session's terminal
+                  "os.execv(sys.executable, [sys.executable, '-m', 'dapo_jax.cli', *sys.argv[1:]])")
+    proc = subprocess.Popen([sys.executable, "-c", controlled, "train", "tiny_dapo", *args], cwd=REPO, env=env,
+                            stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
+    os.close(slave)
+    reader = threading.Thread(target=lambda: _drain(master), daemon=True)  # a terminal that shows what it gets
+    reader.start()
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 4:
+            break
+        time.sleep(0.2)
+    os.close(master)  # the terminal closes
+    assert proc.wait(timeout=120) == 143
+    ckpt = Checkpointer(run_dir / "checkpoints")
+    saved = max(ckpt.all_steps(), default=None)
+    ckpt.close()
+    assert saved is not None and saved >= 3 and max(r["step"] for r in read_metrics(run_dir)) == saved
+    assert_resumes(tiny_model_dir, run_dir, overrides_for, saved, env)
+
+
+def _drain(fd):
+    try:
+        while os.read(fd, 4096):
+            pass
+    except OSError:
+        pass
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Whether process `pid` has a handler for `sig` (its SigCgt mask in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(mask >> (sig - 1) & 1)
+
+
+@pytest.mark.parametrize("sig, words", [(signal.SIGTERM, "SIGTERM"), (signal.SIGHUP, "SIGHUP (the terminal closed)")])
+def test_a_signal_while_the_data_loads_is_one_line_and_143(tmp_path, tiny_model_dir, overrides_for, sig, words):
+    """The training file is a named pipe nobody writes yet (a stalled network mount): the run blocks while
+    loading its data, before its own handlers are in place. The signal ends it with one line, nothing written."""
+    fifo = tmp_path / "train.jsonl"
+    os.mkfifo(fifo)
+    run_dir = tmp_path / "run"
+    args = gsm8k_overrides(overrides_for, tiny_model_dir, run_dir, fifo)
+    proc = subprocess.Popen([sys.executable, "-m", "dapo_jax.cli", "train", "tiny_dapo", *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None and not _blocked_opening_a_fifo(proc.pid):
+        time.sleep(0.1)  # until it is blocked opening the pipe
+    assert _catches(proc.pid, sig)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err[-2000:]
+    assert err.strip().splitlines() == [f"dapo-jax: Preempted: {words} while starting (imports, config, data): nothing "
+                                        f"to save, exiting now (exit 143); rerun the same command to start or resume"]
+    assert_nothing_written(run_dir)
+
+
+def _blocked_opening_a_fifo(pid: int) -> bool:
+    """Whether process `pid`'s main thread waits in the kernel to open a named pipe."""
+    try:
+        return Path(f"/proc/{pid}/wchan").read_text().strip() == "fifo_open"
+    except OSError:
+        return False
