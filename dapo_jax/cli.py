@@ -321,6 +321,12 @@ def main(argv: list[str] | None = None) -> int:
     way (a second Ctrl-C, or one outside training: at once, without saving)."""
     from dapo_jax.training.guards import INTERRUPTED_EXIT_CODE, RunStopped
 
+    argv = sys.argv[1:] if argv is None else argv
+    flag = next((a for a in argv[1:] if a.split("=", 1)[0] in ("--config", "--config-name", "--config-path")), None)
+    if argv and argv[0] in ("train", "eval", "plan") and flag is not None:  # verl's / Hydra's way of naming it
+        print(f"dapo-jax: ConfigError: {flag.split('=', 1)[0]}: the config is the first argument, as a recipe name or a "
+              f"path: dapo-jax {argv[0]} CONFIG.yaml key.sub=value ...", file=sys.stderr)
+        return 2
     args = build_parser().parse_args(argv)
     if args.command in ("train", "eval"):  # a rerun or resume reads its compiled programs back (compile_cache.py)
         from dapo_jax.compile_cache import enable_compilation_cache

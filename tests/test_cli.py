@@ -140,3 +140,17 @@ def test_starvation_exits_3_with_its_message(trained, tmp_path, capsys):
     assert main(["train", "tiny_dapo", *args]) == 3
     err = capsys.readouterr().err
     assert "kept 0 of the 2 groups" in err and "max_gen_batches=2" in err
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["train", "tiny_dapo", "rollout.num_generations=8"],
+     "rollout.num_generations: unknown key (did you mean 'rollout.G'? 'num_generations' is what other trainers call it)"),
+    (["train", "--config", "my.yaml"], "dapo-jax: ConfigError: --config: the config is the first argument, as a recipe "
+                                       "name or a path: dapo-jax train CONFIG.yaml key.sub=value ..."),
+    (["train", "tiny_dapo", "reward.functions=[{name: gsm8k}"], "dapo-jax: ConfigError: override "
+     "'reward.functions=[{name: gsm8k}': the value is not valid YAML (line 1, column 15)"),
+])
+def test_other_trainers_spellings_and_yaml_slips_are_one_line_with_a_hint(argv, line, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("dapo-jax: ConfigError: ") and line in err[0], err

@@ -627,6 +627,15 @@ def _all_keys(model: type[BaseModel] = None, prefix: str = "") -> list[str]:
     return out
 
 
+# the names other RL trainers give to this config's keys (TRL's GRPOConfig, verl's actor_rollout_ref.rollout)
+PEER_KEYS = {"num_generations": "rollout.G", "rollout.n": "rollout.G", "n_samples": "rollout.G",
+             "learning_rate": "optim.lr", "per_device_train_batch_size": "rollout.train_batch",
+             "max_completion_length": "rollout.max_new_tokens", "max_prompt_length": "data.max_prompt_length",
+             "response_length": "rollout.max_new_tokens", "beta": "objective.kl_beta", "epsilon": "objective.eps_low",
+             "epsilon_high": "objective.eps_high", "clip_ratio_high": "objective.eps_high",
+             "clip_ratio_low": "objective.eps_low"}
+
+
 def _suggest(loc: tuple) -> str:
     """` (did you mean 'optim.lr'?)` for an unknown key at `loc`: a near spelling in its section, the
     initials of a long name (`learning_rate` -> `lr`), or the same key in another section."""
@@ -639,6 +648,10 @@ def _suggest(loc: tuple) -> str:
     if section is None:
         return ""
     key, names = str(loc[-1]), list(section.model_fields)
+    dotted = ".".join(str(p) for p in loc)
+    peer = PEER_KEYS.get(dotted.split(".", 1)[-1]) or PEER_KEYS.get(key)
+    if peer is not None and peer != dotted:
+        return f" (did you mean {peer!r}? {key!r} is what other trainers call it)"
     prefix = ".".join(str(p) for p in loc[:-1])
     prefix = f"{prefix}." if prefix else ""
     close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
