@@ -629,7 +629,7 @@ def _all_keys(model: type[BaseModel] = None, prefix: str = "") -> list[str]:
 
 # the names other RL trainers give to this config's keys (TRL's GRPOConfig, verl's actor_rollout_ref.rollout)
 PEER_KEYS = {"num_generations": "rollout.G", "rollout.n": "rollout.G", "n_samples": "rollout.G",
-             "learning_rate": "optim.lr", "per_device_train_batch_size": "rollout.train_batch",
+             "per_device_train_batch_size": "rollout.train_batch",
              "max_completion_length": "rollout.max_new_tokens", "max_prompt_length": "data.max_prompt_length",
              "response_length": "rollout.max_new_tokens", "beta": "objective.kl_beta", "epsilon": "objective.eps_low",
              "epsilon_high": "objective.eps_high", "clip_ratio_high": "objective.eps_high",
