@@ -598,3 +598,53 @@ def _blocked_opening_a_fifo(pid: int) -> bool:
         return Path(f"/proc/{pid}/wchan").read_text().strip() == "fifo_open"
     except OSError:
         return False
+
+
+# ----------------------------------------------------------------------------- a run dir on a full file system
+FULL_RUN_DIR = """
+import subprocess, sys, time
+from pathlib import Path
+from tests.training.save_faults import _fill
+run, rows = Path(sys.argv[1]), int(sys.argv[2])
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(run)], check=True)
+if rows == 0:
+    _fill(run)
+proc = subprocess.Popen([sys.executable, "-m", "dapo_jax.cli", *sys.argv[3:]], stderr=subprocess.PIPE, text=True)
+metrics = run / "metrics.jsonl"
+while rows and proc.poll() is None and not (metrics.exists() and len(metrics.read_text().splitlines()) >= rows):
+    time.sleep(0.05)
+if rows:
+    _fill(run)
+err = proc.communicate()[1]
+sys.stderr.write(err)
+sys.exit(proc.returncode)
+"""
+
+
+def in_a_full_run_dir(run_dir, rows, args):
+    """`dapo-jax train` into a run dir that is a 4 MiB tmpfs (a user and mount namespace: `unshare -rm`),
+    filled up before the run (rows=0) or once metrics.jsonl has `rows` lines: (exit code, dapo-jax lines)."""
+    run_dir.mkdir()
+    done = subprocess.run(["unshare", "-rm", sys.executable, "-c", FULL_RUN_DIR, str(run_dir), str(rows), *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    return done.returncode, [ln for ln in done.stderr.splitlines() if ln.startswith("dapo-jax:")], done.stderr
+
+
+def _namespaces() -> bool:
+    return shutil.which("unshare") is not None and subprocess.run(["unshare", "-rm", "true"]).returncode == 0
+
+
+@pytest.mark.skipif(not _namespaces(), reason="needs `unshare -rm` (user and mount namespaces) to mount a small tmpfs")
+def test_a_full_disk_under_the_lock_or_metrics_is_one_line(tiny_model_dir, tmp_path, overrides_for):
+    full = tmp_path / "full"
+    rc, lines, err = in_a_full_run_dir(full, 0, ["train", "tiny_dapo", *overrides_for(tiny_model_dir, full)])
+    assert rc == 2 and "Traceback" not in err, err[-2000:]
+    assert len(lines) == 1 and lines[0].startswith(f"dapo-jax: ConfigError: train.run_dir: cannot write {full}'s lock (")
+    assert lines[0].endswith("): no space left on the device (or no free inodes: `df -i`)")
+    mid = tmp_path / "mid"
+    args = overrides_for(tiny_model_dir, mid, **{"train.steps": 400, "train.checkpoint_every": 0})
+    rc, lines, err = in_a_full_run_dir(mid, 3, ["train", "tiny_dapo", *args])
+    assert rc == 6 and "Traceback" not in err, err[-2000:]
+    assert len(lines) == 1 and lines[0].startswith(f"dapo-jax: RunDirWriteError: cannot write {mid / 'metrics.jsonl'} "
+                                                   f"at step "), lines
+    assert "no space left on the device" in lines[0]
