@@ -70,6 +70,7 @@ def cmd_eval(args) -> int:
     from dapo_jax.eval_command.report import flat_metrics, print_report, write_report
     from dapo_jax.eval_command.run import EvalFlags, resolve_target, run_eval
     from dapo_jax.eval_command.sets import parse_data
+    from dapo_jax.training.sources import load_source
 
     target, overrides = _split_config_and_overrides(args.items)
     # `--data a.jsonl model.dtype=bfloat16`: the greedy --data list took a config override; give it back
@@ -82,8 +83,10 @@ def cmd_eval(args) -> int:
     model = args.model or str(_resolve_config(target))
     resolved = resolve_target(model, checkpoint=args.checkpoint, overrides=overrides)
     template = args.template or _default_template(resolved)
-    sets = [parse_data(d, format=args.format, template=template, reward=args.reward, limit=args.limit)
-            for d in args.data or []]
+    sets = [parse_data(d, format=args.format, template=template, reward=args.reward, limit=args.limit,
+                       prompt_field=args.prompt_field, answer_field=args.answer_field) for d in args.data or []]
+    for spec in sets:  # each file read and its fields found before the model loads (a one-line DataError)
+        load_source(spec.source)
     flags = EvalFlags(k=args.k, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                       max_new_tokens=args.max_new_tokens, max_prompt_length=args.max_prompt_length,
                       batch_size=args.batch_size, seed=args.seed, limit=args.limit)
@@ -240,6 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "amc, dapo_math, custom, ...)")
     p.add_argument("--template", choices=["raw", "dapo", "chat", "dapo_chat"],
                    help="prompt template for --data (default: the run's; a HF model: chat if it has a chat template)")
+    p.add_argument("--prompt-field", dest="prompt_field",
+                   help="the --data rows' prompt field, dotted (as data.*.prompt_field in a run config)")
+    p.add_argument("--answer-field", dest="answer_field",
+                   help="the --data rows' answer field, dotted (as data.*.answer_field in a run config)")
     p.add_argument("--reward", help="the reward that judges responses (default: the format's, see README)")
     p.add_argument("--k", type=int, help="samples per problem (default: the run's train.eval_k)")
     p.add_argument("--temperature", type=float, help="0 = greedy (default: the run's train.eval_temperature)")

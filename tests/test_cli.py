@@ -154,3 +154,34 @@ def test_other_trainers_spellings_and_yaml_slips_are_one_line_with_a_hint(argv, 
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("dapo-jax: ConfigError: ") and line in err[0], err
+
+
+def test_eval_data_takes_the_field_keys_and_checks_the_file_before_the_model(trained, tmp_path, capsys):
+    """`--prompt-field` / `--answer-field` as training's `data.*.prompt_field` / `answer_field`; a file
+    without them, or missing, is one line before the model loads (here a model whose weights are truncated:
+    loading it first would name the model instead)."""
+    import shutil
+
+    model_dir, run_dir = trained
+    data = tmp_path / "mine.jsonl"
+    data.write_text("".join(json.dumps({"q": {"text": f"{i}+1="}, "a": str(i + 1)}) + "\n" for i in range(4)))
+    broken = tmp_path / "broken"
+    shutil.copytree(model_dir, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])
+    capsys.readouterr()
+    for args, words in [(["--format", "custom"], "no problem field: name it (data.train.prompt_field / "
+                                                 "data.eval.prompt_field in a run config, --prompt-field for"),
+                        (["--format", "custom", "--prompt-field", "q.text", "--answer-field", "b"],
+                         "row 0 has no answer field 'b'")]:
+        assert main(["eval", "--model", str(broken), "--data", str(data), *args]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"dapo-jax: DataError: {data}: ") and words in err[0], err
+    missing = tmp_path / "nope.jsonl"
+    assert main(["eval", "--model", str(broken), "--data", str(missing), "--format", "custom"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"data file {missing}: no such file" in err[0], err
+    assert main(["eval", "--model", str(run_dir), "--data", str(data), "--format", "custom", "--prompt-field",
+                 "q.text", "--answer-field", "a", "--k", "1", "--out", str(tmp_path / "out")]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert any(k.endswith("accuracy") for k in out), out

@@ -200,7 +200,9 @@ def to_problems(rows: list[dict], fmt: str | DatasetFormat, *, source: str = "<r
     fields = {"problem": problem_field or fmt.problem_field, "answer": answer_field or fmt.answer_field}
     for role, name in fields.items():
         if name is None:
-            raise DataError(f"{source}: no {role} field: pass {role}_field=")
+            key = "prompt_field" if role == "problem" else "answer_field"
+            raise DataError(f"{source}: no {role} field: name it (data.train.{key} / data.eval.{key} in a run "
+                            f"config, --{key.replace('_', '-')} for `dapo-jax eval --data`)")
     convert = {"problem": fmt.problem_fn, "answer": fmt.answer_fn}
     problems = []
     for i, row in enumerate(rows):
