@@ -82,7 +82,7 @@ def test_missing_key_in_a_row_and_bad_answer(tmp_path):
 def test_custom_fields_and_dotted_paths(tmp_path):
     path = _write_jsonl(tmp_path / "c.jsonl", [{"q": "what?", "meta": {"gt": "7"}}])
     assert load_problems(path, format="custom", problem_field="q", answer_field="meta.gt") == [Problem("what?", "7", 0)]
-    with pytest.raises(DataError, match="pass problem_field="):
+    with pytest.raises(DataError, match=r"no problem field: name it \(data.train.prompt_field / data.eval.prompt_field in a run config, --prompt-field"):
         load_problems(path, format="custom")
     # an override on a named format
     assert to_problems([{"question": "a", "final": "5"}], "math500", problem_field="question",
