@@ -160,7 +160,9 @@ class Preemption:
 
     def __enter__(self) -> "Preemption":
         if threading.current_thread() is threading.main_thread():
-            self._previous = {s: signal.signal(s, self._handler) for s in _SIGNALS}
+            # a SIGHUP ignored by the caller (`nohup dapo-jax train`) stays ignored: the run outlives its terminal
+            caught = [s for s in _SIGNALS if not (s == signal.SIGHUP and signal.getsignal(s) is signal.SIG_IGN)]
+            self._previous = {s: signal.signal(s, self._handler) for s in caught}
             if not self.armed:
                 reader, writer = socket.socketpair()
                 writer.setblocking(False)

@@ -381,9 +381,15 @@ def start_run(tiny_model_dir, run_dir, overrides_for, **env):
     """`dapo-jax train tiny_dapo` for 400 steps in a subprocess; returns (process, its environment)."""
     args = overrides_for(tiny_model_dir, run_dir, **{"train.steps": 400, "train.checkpoint_every": 0})
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
-    proc = subprocess.Popen([sys.executable, "-m", "dapo_jax.cli", "train", "tiny_dapo", *args], cwd=REPO, env=env,
+    proc = subprocess.Popen([sys.executable, "-c", DEFAULT_SIGHUP, "train", "tiny_dapo", *args], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return proc, env
+
+
+# `dapo-jax ...` with SIGHUP's default action, as a shell in a terminal starts it, even when the tests run under
+# nohup (an ignored SIGHUP is inherited, and the run then rightly keeps ignoring it)
+DEFAULT_SIGHUP = ("import os, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_DFL); "
+                  "os.execv(sys.executable, [sys.executable, '-m', 'dapo_jax.cli', *sys.argv[1:]])")
 
 
 def stop_mid_run(sig, tiny_model_dir, run_dir, overrides_for):
@@ -533,7 +539,8 @@ def test_closing_the_runs_terminal_saves_and_the_next_run_resumes(tiny_model_dir
                                                     "train.progress": "true"})
     master, slave = pty.openpty()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    controlled = ("import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "  # the session's terminal
+    controlled = ("import fcntl, os, signal, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "  # its terminal
+                  "signal.signal(signal.SIGHUP, signal.SIG_DFL); "
                   "os.execv(sys.executable, [sys.executable, '-m', 'dapo_jax.cli', *sys.argv[1:]])")
     proc = subprocess.Popen([sys.executable, "-c", controlled, "train", "tiny_dapo", *args], cwd=REPO, env=env,
                             stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
@@ -578,7 +585,7 @@ def test_a_signal_while_the_data_loads_is_one_line_and_143(tmp_path, tiny_model_
     os.mkfifo(fifo)
     run_dir = tmp_path / "run"
     args = gsm8k_overrides(overrides_for, tiny_model_dir, run_dir, fifo)
-    proc = subprocess.Popen([sys.executable, "-m", "dapo_jax.cli", "train", "tiny_dapo", *args], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-c", DEFAULT_SIGHUP, "train", "tiny_dapo", *args], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None and not _blocked_opening_a_fifo(proc.pid):
