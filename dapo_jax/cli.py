@@ -34,6 +34,10 @@ class _NoTorchBanner(logging.Filter):
 
 logging.getLogger("transformers").addFilter(_NoTorchBanner())  # before anything imports transformers
 
+from dapo_jax import startup  # noqa: E402
+
+startup.prepare()  # SIGTERM / SIGHUP during the imports below: one line; libtpu quiet without a TPU
+
 from dapo_jax.data.templates import TEMPLATES  # noqa: E402
 from dapo_jax.training.config import CONFIG_DIR, ConfigError, RunConfig, find_config, load_config  # noqa: E402
 from dapo_jax.training.rollout import StarvationError  # noqa: E402
@@ -120,6 +124,7 @@ def cmd_eval(args) -> int:
     from dapo_jax.eval_command.report import flat_metrics, print_report, write_report
     from dapo_jax.eval_command.run import EvalFlags, resolve_target, run_eval
     from dapo_jax.eval_command.sets import parse_data
+    from dapo_jax.training.sources import load_source
 
     target, overrides = _split_config_and_overrides(args.items)
     # `--data a.jsonl model.dtype=bfloat16`: the greedy --data list took a config override; give it back
@@ -132,8 +137,10 @@ def cmd_eval(args) -> int:
     model = args.model or str(_resolve_config(target))
     resolved = resolve_target(model, checkpoint=args.checkpoint, overrides=overrides)
     template = args.template or _default_template(resolved)
-    sets = [parse_data(d, format=args.format, template=template, reward=args.reward, limit=args.limit)
-            for d in args.data or []]
+    sets = [parse_data(d, format=args.format, template=template, reward=args.reward, limit=args.limit,
+                       prompt_field=args.prompt_field, answer_field=args.answer_field) for d in args.data or []]
+    for spec in sets:  # each file read and its fields found before the model loads (a one-line DataError)
+        load_source(spec.source)
     flags = EvalFlags(k=args.k, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                       max_new_tokens=args.max_new_tokens, max_prompt_length=args.max_prompt_length,
                       batch_size=args.batch_size, seed=args.seed, limit=args.limit)
@@ -339,6 +346,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "amc, dapo_math, custom, ...)")
     p.add_argument("--template", choices=list(TEMPLATES),
                    help="prompt template for --data (default: the run's; a HF model: chat if it has a chat template)")
+    p.add_argument("--prompt-field", dest="prompt_field",
+                   help="the --data rows' prompt field, dotted (as data.*.prompt_field in a run config)")
+    p.add_argument("--answer-field", dest="answer_field",
+                   help="the --data rows' answer field, dotted (as data.*.answer_field in a run config)")
     p.add_argument("--reward", help="the reward that judges responses (default: the format's, see README)")
     p.add_argument("--k", type=int, help="samples per problem (default: the run's train.eval_k)")
     p.add_argument("--temperature", type=float, help="0 = greedy (default: the run's train.eval_temperature)")
@@ -420,6 +431,12 @@ def main(argv: list[str] | None = None) -> int:
     way (a second Ctrl-C, or one outside training: at once, without saving)."""
     from dapo_jax.training.guards import INTERRUPTED_EXIT_CODE, RunStopped
 
+    argv = sys.argv[1:] if argv is None else argv
+    flag = next((a for a in argv[1:] if a.split("=", 1)[0] in ("--config", "--config-name", "--config-path")), None)
+    if argv and argv[0] in ("train", "eval", "plan") and flag is not None:  # verl's / Hydra's way of naming it
+        print(f"dapo-jax: ConfigError: {flag.split('=', 1)[0]}: the config is the first argument, as a recipe name or a "
+              f"path: dapo-jax {argv[0]} CONFIG.yaml key.sub=value ...", file=sys.stderr)
+        return 2
     args = build_parser().parse_args(argv)
     if args.command in ("train", "sft", "rft", "stages", "eval"):  # a rerun or resume reads its compiled programs back (compile_cache.py)
         from dapo_jax.compile_cache import enable_compilation_cache

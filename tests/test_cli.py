@@ -140,3 +140,48 @@ def test_starvation_exits_3_with_its_message(trained, tmp_path, capsys):
     assert main(["train", "tiny_dapo", *args]) == 3
     err = capsys.readouterr().err
     assert "kept 0 of the 2 groups" in err and "max_gen_batches=2" in err
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["train", "tiny_dapo", "rollout.num_generations=8"],
+     "rollout.num_generations: unknown key (did you mean 'rollout.G'? 'num_generations' is what other trainers call it)"),
+    (["train", "--config", "my.yaml"], "dapo-jax: ConfigError: --config: the config is the first argument, as a recipe "
+                                       "name or a path: dapo-jax train CONFIG.yaml key.sub=value ..."),
+    (["train", "tiny_dapo", "reward.functions=[{name: gsm8k}"], "dapo-jax: ConfigError: override "
+     "'reward.functions=[{name: gsm8k}': the value is not valid YAML (line 1, column 15)"),
+])
+def test_other_trainers_spellings_and_yaml_slips_are_one_line_with_a_hint(argv, line, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("dapo-jax: ConfigError: ") and line in err[0], err
+
+
+def test_eval_data_takes_the_field_keys_and_checks_the_file_before_the_model(trained, tmp_path, capsys):
+    """`--prompt-field` / `--answer-field` as training's `data.*.prompt_field` / `answer_field`; a file
+    without them, or missing, is one line before the model loads (here a model whose weights are truncated:
+    loading it first would name the model instead)."""
+    import shutil
+
+    model_dir, run_dir = trained
+    data = tmp_path / "mine.jsonl"
+    data.write_text("".join(json.dumps({"q": {"text": f"{i}+1="}, "a": str(i + 1)}) + "\n" for i in range(4)))
+    broken = tmp_path / "broken"
+    shutil.copytree(model_dir, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])
+    capsys.readouterr()
+    for args, words in [(["--format", "custom"], "no problem field: name it (data.train.prompt_field / "
+                                                 "data.eval.prompt_field in a run config, --prompt-field for"),
+                        (["--format", "custom", "--prompt-field", "q.text", "--answer-field", "b"],
+                         "row 0 has no answer field 'b'")]:
+        assert main(["eval", "--model", str(broken), "--data", str(data), *args]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"dapo-jax: DataError: {data}: ") and words in err[0], err
+    missing = tmp_path / "nope.jsonl"
+    assert main(["eval", "--model", str(broken), "--data", str(missing), "--format", "custom"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"data file {missing}: no such file" in err[0], err
+    assert main(["eval", "--model", str(run_dir), "--data", str(data), "--format", "custom", "--prompt-field",
+                 "q.text", "--answer-field", "a", "--k", "1", "--out", str(tmp_path / "out")]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert any(k.endswith("accuracy") for k in out), out

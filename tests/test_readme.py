@@ -66,10 +66,13 @@ def test_readme_is_a_short_read_of_today():
         assert found is None, f"{doc.name}: an internal work-round label, {found.group(0)!r}: say the date or commit"
 
 
-def test_the_set_up_commands_are_cis():
+def test_the_documented_test_command_is_cis():
+    """The contributors' page (docs/development.md: developer material is not in the README) gives CI's command."""
     ci = (REPO / ".ci" / "run").read_text()
-    test_command = next(line.strip() for line in README.splitlines() if "pytest" in line and line.startswith("    "))
+    dev = (REPO / "docs" / "development.md").read_text()
+    test_command = next(line.strip() for line in dev.splitlines() if "pytest" in line and line.startswith("    "))
     assert test_command in ci.splitlines()
+    assert "docs/development.md" in README and ".ci/run" not in README and "../shared" not in README
 
 
 def test_readme_python_snippets_run_as_written(tmp_path):

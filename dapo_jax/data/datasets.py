@@ -122,7 +122,7 @@ def load_rows(source: str | Path, *, split: str = "train", config: str | None = 
     path = Path(src)
     if src == "synthetic":
         return synthetic.synthetic_rows("heldout" if split == "test" else split)
-    if path.is_file():
+    if path.exists() and not path.is_dir():  # a file, or a pipe (`<(zcat rows.jsonl.gz)`, a FIFO)
         kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}.get(path.suffix)
         if kind is None:
             raise DataError(f"{path}: unknown data file type {path.suffix!r} (expected .jsonl, .json, .parquet, .csv)")
@@ -155,7 +155,14 @@ def _read_json_rows(path: Path) -> list[dict]:
     lines); a bad line raises ``DataError`` naming the file and the line, an empty file says so."""
     import json
 
-    text = path.read_text(encoding="utf-8")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise DataError(f"{path}: line {line}, column {column}: byte 0x{raw[e.start]:02x} is not UTF-8 (save the file "
+                        f"as UTF-8)") from None
     if path.suffix == ".json" and text.lstrip().startswith("["):
         try:
             rows = json.loads(text)
@@ -197,7 +204,9 @@ def to_problems(rows: list[dict], fmt: str | DatasetFormat, *, source: str = "<r
     fields = {"problem": problem_field or fmt.problem_field, "answer": answer_field or fmt.answer_field}
     for role, name in fields.items():
         if name is None:
-            raise DataError(f"{source}: no {role} field: pass {role}_field=")
+            key = "prompt_field" if role == "problem" else "answer_field"
+            raise DataError(f"{source}: no {role} field: name it (data.train.{key} / data.eval.{key} in a run "
+                            f"config, --{key.replace('_', '-')} for `dapo-jax eval --data`)")
     convert = {"problem": fmt.problem_fn, "answer": fmt.answer_fn}
     problems = []
     for i, row in enumerate(rows):

@@ -230,6 +230,17 @@ def load_model_and_tokenizer(path: str | os.PathLike, **kwargs) -> tuple[Decoder
 
 
 # --------------------------------------------------------------------------- saving
+def save_safetensors(arrays: dict[str, np.ndarray], file: Path) -> None:
+    """`safetensors.numpy.save_file`, then the mode any other written file gets (0644 under the usual umask):
+    the library creates the file 0600, which another user (a serving job, a colleague) cannot read."""
+    from safetensors.numpy import save_file
+
+    save_file(arrays, file, metadata={"format": "pt"})
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(file, 0o666 & ~umask)
+
+
 def _to_host(x: jax.Array) -> np.ndarray:
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
         from jax.experimental import multihost_utils
@@ -275,8 +286,6 @@ def save_pretrained(
     Only one tensor shard file's worth of parameters is on the host at a time. In a multi-host run
     every process must call it (sharded arrays are all-gathered); only process 0 writes.
     """
-    from safetensors.numpy import save_file
-
     root = Path(path)
     config = model.config
     out_dtype = jnp.dtype(dtype) if dtype is not None else None
@@ -306,7 +315,7 @@ def save_pretrained(
             weight_map[name] = file
             total += arrays[name].nbytes
         if writer:
-            save_file(arrays, root / file, metadata={"format": "pt"})
+            save_safetensors(arrays, root / file)
     if writer and len(groups) > 1:
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (root / SAFETENSORS_INDEX).write_text(json.dumps(index, indent=2) + "\n")
@@ -412,8 +421,6 @@ def save_classifier(model, path: str | os.PathLike, *, task: str = "sequence", d
     ``*ForTokenClassification``; a linear head only) and :func:`load_classifier` reads back: ``config.json``
     (the architecture, ``num_labels``, ``id2label``) and one ``model.safetensors``; the tokenizer beside
     them when given. ``dtype``: the stored dtype (``None`` keeps each parameter's)."""
-    from safetensors.numpy import save_file
-
     if task not in ("sequence", "token"):
         raise ValueError(f"task must be 'sequence' or 'token', got {task!r}")
     if model.head != "linear":
@@ -440,7 +447,7 @@ def save_classifier(model, path: str | os.PathLike, *, task: str = "sequence", d
     if jax.process_index() == 0:
         root.mkdir(parents=True, exist_ok=True)
         (root / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
-        save_file(arrays, root / SAFETENSORS_FILE, metadata={"format": "pt"})
+        save_safetensors(arrays, root / SAFETENSORS_FILE)
         if tokenizer is not None:
             tokenizer.save_pretrained(str(root))
     return root

@@ -200,7 +200,7 @@ def save_peft_adapter(model: Decoder, path: str | os.PathLike, *, base_model_nam
     """Writes `model`'s adapters as a PEFT LoRA adapter directory:
     `peft.PeftModel.from_pretrained(<the base transformers model>, path)` adds them to the base.
     In a multi-host run every process must call it; only process 0 writes."""
-    from safetensors.numpy import save_file
+    from dapo_jax.models.hf_io import save_safetensors
 
     config = peft_config(model, base_model_name_or_path=base_model_name_or_path)
     tensors = peft_tensors(nnx.state(model, nnx.LoRAParam), None if dtype is None else jnp.dtype(dtype))
@@ -208,7 +208,7 @@ def save_peft_adapter(model: Decoder, path: str | os.PathLike, *, base_model_nam
     if jax.process_index() == 0:
         root.mkdir(parents=True, exist_ok=True)
         (root / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
-        save_file(tensors, root / ADAPTER_WEIGHTS, metadata={"format": "pt"})
+        save_safetensors(tensors, root / ADAPTER_WEIGHTS)
     return root
 
 

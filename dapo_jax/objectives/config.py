@@ -35,7 +35,8 @@ class ObjectiveConfig(BaseModel):
     """One GRPO-family objective, fully specified.
 
     Attributes (the math: docs/objectives.md):
-      name: a label for logs; nothing branches on it.
+      name: the recipe of `dapo_jax/configs/objectives/` (or a YAML file) the other keys start from; in a run
+        config every other objective key overrides that recipe's value. Nothing in the math branches on it.
       kind: "policy_gradient" (a per-token policy loss, the fields below), "gdpo" (group DPO,
         docs/objectives.md#gfpo-gdpo, `gdpo.py`: needs advantage="gdpo_pair" and the reference policy)
         or "sft" (supervised fine-tuning on the data's responses, `supervised.py`, docs/stages.md).

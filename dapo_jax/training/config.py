@@ -47,6 +47,9 @@ class ModelSection(_Section):
     # attention without a KV cache (update, log-probs, critic, prefill): models/attention.py. auto = splash on
     # TPU, gpu_flash on GPU, on CPU reference for short rows and blockwise for long ones
     attention: Literal["auto", "reference", "blockwise", "splash", "gpu_flash"] = "auto"
+    # resume although model.path's weights, tokenizer or config files changed since the run started (logged;
+    # training/model_identity.py)
+    accept_changed: bool = False
 
 
 class SourceSection(_Section):
@@ -609,15 +612,24 @@ def _set_dotted(tree: dict, dotted: str, value: Any, source: str) -> None:
 
 def parse_overrides(overrides: list[str] | tuple[str, ...]) -> list[tuple[str, Any]]:
     """`["a.b=3", "c=[1, 2]"]` -> [("a.b", 3), ("c", [1, 2])]; values parsed by `yaml.safe_load`.
-    `objective=NAME` is `objective.name=NAME`: another recipe, with the config's objective field overrides."""
+
+    `objective=NAME` is the section `{name: NAME}`: that objective's recipe as shipped, the config file's
+    objective keys dropped (they were tuned for the file's objective: DAPO's overlong punishment must not
+    ride along into a GRPO run). `objective.name=NAME` keeps them, as overrides of NAME's recipe."""
     parsed = []
     for item in overrides:
         if "=" not in item or item.startswith("="):
             raise ConfigError(f"override {item!r} must look like key.sub=value")
         key, raw = item.split("=", 1)
-        value = yaml.safe_load(raw) if raw.strip() else None
-        if key.strip() == "objective" and isinstance(value, str):  # `objective=gfpo`: the recipe by name
-            key = "objective.name"
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as e:
+            where = f" (line {e.problem_mark.line + 1}, column {e.problem_mark.column + 1})" if getattr(
+                e, "problem_mark", None) else ""
+            raise ConfigError(f"override {item!r}: the value is not valid YAML{where}: "
+                              f"{getattr(e, 'problem', None) or e} (check its brackets and quotes)") from None
+        if key.strip() == "objective" and isinstance(value, str):  # `objective=grpo`: the recipe by name
+            value = {"name": value}
         parsed.append((key.strip(), value))
     return parsed
 
@@ -742,6 +754,15 @@ def _all_keys(model: type[BaseModel] = None, prefix: str = "") -> list[str]:
     return out
 
 
+# the names other RL trainers give to this config's keys (TRL's GRPOConfig, verl's actor_rollout_ref.rollout)
+PEER_KEYS = {"num_generations": "rollout.G", "rollout.n": "rollout.G", "n_samples": "rollout.G",
+             "per_device_train_batch_size": "rollout.train_batch",
+             "max_completion_length": "rollout.max_new_tokens", "max_prompt_length": "data.max_prompt_length",
+             "response_length": "rollout.max_new_tokens", "beta": "objective.kl_beta", "epsilon": "objective.eps_low",
+             "epsilon_high": "objective.eps_high", "clip_ratio_high": "objective.eps_high",
+             "clip_ratio_low": "objective.eps_low"}
+
+
 def _suggest(loc: tuple) -> str:
     """` (did you mean 'optim.lr'?)` for an unknown key at `loc`: a near spelling in its section, the
     initials of a long name (`learning_rate` -> `lr`), or the same key in another section."""
@@ -754,6 +775,10 @@ def _suggest(loc: tuple) -> str:
     if section is None:
         return ""
     key, names = str(loc[-1]), list(section.model_fields)
+    dotted = ".".join(str(p) for p in loc)
+    peer = PEER_KEYS.get(dotted.split(".", 1)[-1]) or PEER_KEYS.get(key)
+    if peer is not None and peer != dotted:
+        return f" (did you mean {peer!r}? {key!r} is what other trainers call it)"
     prefix = ".".join(str(p) for p in loc[:-1])
     prefix = f"{prefix}." if prefix else ""
     close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)

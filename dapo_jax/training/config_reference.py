@@ -38,7 +38,8 @@ A run is one YAML file of the sections below (a packaged recipe such as `dapo_ja
 or your own). Every key can also be set on the command line as `section.key=value`, parsed as YAML:
 
     dapo-jax train tiny_dapo rollout.G=16 optim.lr=1e-4 "train.loggers=[tensorboard, wandb]"
-    dapo-jax train tiny_dapo objective=gfpo        # another objective recipe, keeping the config's objective keys
+    dapo-jax train tiny_dapo objective=gfpo        # gfpo's recipe as shipped: the file's objective keys dropped
+    dapo-jax train tiny_dapo objective.name=gfpo   # gfpo's recipe with the file's objective keys on top
 
 An unknown key, a wrong type or an impossible value stops the run before any work, naming the file and
 the dotted key (with a "did you mean" for a misspelt key). Bounds below are pydantic's (`> 0`: greater

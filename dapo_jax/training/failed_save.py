@@ -46,6 +46,18 @@ _SAVE_CAUSES = {
 }
 
 
+class RunDirWriteError(RunStopped):
+    """A file of the run dir (`metrics.jsonl`, a logger's file) could not be written mid-run: the run stops
+    at once (its metrics would be lost), with the same exit code as a failed checkpoint save."""
+
+    exit_code = 6
+
+
+def cause_of(e: OSError) -> str:
+    """One phrase for an OS error: what the user can do about it, else its own words."""
+    return _SAVE_CAUSES.get(e.errno, e.strerror or str(e))
+
+
 def errno_of(e: BaseException) -> int | None:
     """The OS error number behind a save failure: an OSError's, or the `os_error_code` Tensorstore
     (Orbax's array writer) puts in its message, searched along the exception's causes."""

@@ -1,5 +1,5 @@
 """What stops a run loudly instead of letting it end in a NaN model or a hang: non-finite updates,
-preemption (SIGTERM), Ctrl-C (SIGINT) and failed checkpoint saves, agreed between the processes of a
+preemption (SIGTERM, and SIGHUP: a closed terminal), Ctrl-C (SIGINT) and failed checkpoint saves, agreed between the processes of a
 multi-process run.
 
     monitor = NonFiniteMonitor(max_consecutive=3)
@@ -33,7 +33,8 @@ import warnings
 
 PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: what schedulers expect from a process that obeyed SIGTERM
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: what a shell reports for a command stopped by Ctrl-C
-_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# SIGHUP (the terminal closed, an ssh session dropped) is a preemption too: save, then stop like SIGTERM
+_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class RunStopped(RuntimeError):
@@ -59,7 +60,20 @@ class Interrupted(Preempted):
 
 
 def _words(signum: int) -> str:
-    return "Ctrl-C (SIGINT)" if signum == signal.SIGINT else "SIGTERM"
+    return {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGHUP: "SIGHUP (the terminal closed)"}.get(signum, "SIGTERM")
+
+
+def detach_from_a_closed_terminal() -> None:
+    """After SIGHUP, stdout and stderr that were the closed terminal fail every write (EIO): pointed at
+    /dev/null, the progress bar and the log lines of the step still running cannot stop it before the save."""
+    for fd in (1, 2):
+        try:
+            if os.isatty(fd):
+                null = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(null, fd)
+                os.close(null)
+        except OSError:
+            pass
 
 
 class NonFiniteMonitor:
@@ -88,7 +102,7 @@ class NonFiniteMonitor:
 
 
 class Preemption:
-    """Turns SIGTERM and SIGINT into a flag the loop checks between steps (only in the main thread);
+    """Turns SIGTERM, SIGHUP and SIGINT into a flag the loop checks between steps (only in the main thread);
     `signum` is the first one received. A second SIGINT raises KeyboardInterrupt: stop now.
 
     With `exit_until_armed`, a signal that comes before `arm()` (the first step of this process's run
@@ -106,6 +120,8 @@ class Preemption:
         self._pipe: tuple[socket.socket, socket.socket] | None = None
 
     def _handler(self, signum, frame) -> None:
+        if signum == signal.SIGHUP:
+            detach_from_a_closed_terminal()
         if signum == signal.SIGINT and self.armed:
             self._interrupts += 1
             if self._interrupts > 1:
@@ -130,6 +146,8 @@ class Preemption:
             if not data:
                 return
             for signum in (s for s in _SIGNALS if s in data):
+                if signum == signal.SIGHUP:
+                    detach_from_a_closed_terminal()
                 if not self.armed:  # once armed, the main thread's handler alone counts the signals
                     self._request(signum)
                     code = INTERRUPTED_EXIT_CODE if signum == signal.SIGINT else PREEMPTED_EXIT_CODE
@@ -142,7 +160,9 @@ class Preemption:
 
     def __enter__(self) -> "Preemption":
         if threading.current_thread() is threading.main_thread():
-            self._previous = {s: signal.signal(s, self._handler) for s in _SIGNALS}
+            # a SIGHUP ignored by the caller (`nohup dapo-jax train`) stays ignored: the run outlives its terminal
+            caught = [s for s in _SIGNALS if not (s == signal.SIGHUP and signal.getsignal(s) is signal.SIG_IGN)]
+            self._previous = {s: signal.signal(s, self._handler) for s in caught}
             if not self.armed:
                 reader, writer = socket.socketpair()
                 writer.setblocking(False)

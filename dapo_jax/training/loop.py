@@ -39,6 +39,7 @@ from dapo_jax.training.guards import NonFiniteMonitor, Preemption, StepBoundary
 from dapo_jax.training.loggers import make_loggers
 from dapo_jax.training.lora import PolicyWeights
 from dapo_jax.training.metrics import MetricsWriter, compile_count
+from dapo_jax.training.model_identity import check_model_unchanged, record_model
 from dapo_jax.training.overlap import Prefetcher
 from dapo_jax.training.programs import attention_report, build_programs, run_optimizer
 from dapo_jax.training.report import Progress, ReadsNothing, counters, step_row
@@ -87,6 +88,7 @@ def train(cfg: RunConfig) -> dict:
     with run_dir, Preemption(exit_until_armed=True) as preemption, jax.set_mesh(mesh), contextlib.ExitStack() as cleanup, \
             PeerWatch():  # a lost peer process: one line naming it (parallel/peers.py)
         run_dir.check_same_config()
+        check_model_unchanged(cfg, run_dir.path, say)  # its tokenizer, configs and weights (model_identity.py)
         model = load_model(cfg, mesh, tokenizer)
         scorer.load(mesh, dtype=cfg.model.dtype)  # learned reward models (rewards/reward_model.py): frozen, on the mesh
         policy, params = PolicyWeights.build(model, cfg.lora, seed=cfg.train.seed, mesh=mesh)  # LoRA: adapters only
@@ -118,6 +120,8 @@ def train(cfg: RunConfig) -> dict:
         if run_dir.round_changes is not None and run.data_round:
             run_dir.record_round(run.step, run.data_round)  # RUN_DIR/rounds.jsonl
         run_dir.save_config()  # the run really starts here
+        if main:
+            record_model(cfg, run_dir.path)
         writer = MetricsWriter(run_dir.path, loggers=make_loggers(cfg, run_dir.path) if main else [], enabled=main,
                                resumed_from=run.step)  # repairs a torn last line; a missing file is warned of
         cleanup.callback(writer.close)

@@ -75,6 +75,7 @@ class MetricsWriter:
         self.enabled = enabled
         self._file = None
         self._loggers = []
+        self._failed = False  # a write failed: close() drops what the file still holds
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -91,23 +92,37 @@ class MetricsWriter:
         self._loggers = list(loggers)
 
     def write(self, step: int, metrics: dict) -> dict:
+        """Appends the row; a full disk (or any OS error) stops the run: `RunDirWriteError`, one line."""
         row = {"step": int(step), **{k: _plain(v) for k, v in metrics.items()}}
         if not self.enabled:
             return row
-        self._file.write(json.dumps(row) + "\n")
-        self._file.flush()
-        if self._loggers:
-            from dapo_jax.training.loggers import scalars
+        where = self.path
+        try:
+            self._file.write(json.dumps(row) + "\n")
+            self._file.flush()
+            if self._loggers:
+                from dapo_jax.training.loggers import scalars
 
-            for logger in self._loggers:
-                logger.log(int(step), scalars(row))
+                for logger in self._loggers:
+                    where = f"{type(logger).__name__}'s files in {self.path.parent}"
+                    logger.log(int(step), scalars(row))
+        except OSError as e:
+            from dapo_jax.training.failed_save import RunDirWriteError, cause_of
+
+            self._failed = True
+            raise RunDirWriteError(f"cannot write {where} at step {step}: {cause_of(e)}; the run stopped (rows up to "
+                                   f"the last complete line are kept); free the space and rerun the same command to "
+                                   f"resume from the last checkpoint") from None
         return row
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-        for logger in self._loggers:
-            logger.close()
+        """Closes the file and the loggers; after a failed write, what they still hold is dropped."""
+        for closer in ([self._file.close] if self._file is not None else []) + [lg.close for lg in self._loggers]:
+            try:
+                closer()
+            except OSError:
+                if not self._failed:
+                    raise
 
 
 def repair_torn_line(path: Path) -> Path | None:

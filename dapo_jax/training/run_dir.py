@@ -29,7 +29,7 @@ from dapo_jax.training.config import ConfigError, RunConfig, save_config
 RESUMABLE_KEYS = {"train.steps", "train.max_samples", "train.progress", "train.tensorboard", "train.eval_every",
                   "train.checkpoint_every", "train.keep_checkpoints", "train.run_dir", "train.fresh_start",
                   "train.max_nonfinite_steps", "train.rollouts_every", "train.rollouts_sample", "train.loggers",
-                  "data.accept_changed", "data.new_round"}
+                  "data.accept_changed", "data.new_round", "model.accept_changed"}
 # What a new round of training (`data.new_round=true`) may change on resume: the data and its reward
 ROUND_KEYS = ("data.", "reward.")
 
@@ -53,17 +53,24 @@ class RunDir:
         self._lock = filelock.FileLock(str(self.path / ".lock"), timeout=0)
         try:
             self._lock.acquire()
+            holder.write_text(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
         except filelock.Timeout:
             who = holder.read_text().strip() if holder.exists() else "another process"
             raise ConfigError(f"train.run_dir: {self.path} is in use by {who}; wait for it or choose another "
                               f"train.run_dir") from None
-        holder.write_text(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        except OSError as e:  # a full disk, a read-only folder: before anything else is written
+            from dapo_jax.training.failed_save import cause_of
+
+            self.__exit__()
+            raise ConfigError(f"train.run_dir: cannot write {self.path}'s lock ({os.path.basename(e.filename or '.lock')}): "
+                              f"{cause_of(e)}") from None
         return self
 
     def __exit__(self, *exc) -> None:
         if self._lock is not None:
             (self.path / ".lock.holder").unlink(missing_ok=True)
             self._lock.release()
+            self._lock = None
 
     def check_same_config(self) -> None:
         """Raises when RUN_DIR/config.yaml exists and differs in a key that changes the trajectory."""

@@ -184,7 +184,9 @@ def compile_only_environment() -> None:
     """libtpu's settings for compiling without a TPU (read when its plugin starts): no metadata server to
     ask, one worker, and no one-process lock (`/tmp/libtpu_lockfile`: several plans, or test workers, may
     compile at once; nothing runs on a TPU)."""
-    if _has_tpu_hardware():
+    from dapo_jax.startup import tpu_visible
+
+    if tpu_visible():
         return
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
@@ -197,21 +199,10 @@ def quiet_tpu_environment() -> None:
     the TPU backend and print libtpu's warnings about the TPU it cannot find. Its backends are then the
     CPU's (unless JAX_PLATFORMS is set, or a GPU plugin is installed), and a TPU slice is still compiled
     for through libtpu's own topology API."""
+    from dapo_jax.startup import quiet_libtpu
+
     compile_only_environment()
-    if _has_tpu_hardware() or not libtpu_available():
-        return
-    if os.environ.get("JAX_PLATFORMS") or any(importlib.util.find_spec(m) for m in (
-            "jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin")):
-        return
-    os.environ["JAX_PLATFORMS"] = "cpu"
-    if "jax" in sys.modules:  # JAX read the variable when it was imported
-        import jax
-
-        jax.config.update("jax_platforms", "cpu")
-
-
-def _has_tpu_hardware() -> bool:
-    return any(os.path.exists(p) for p in ("/dev/accel0", "/dev/vfio/0")) or bool(os.environ.get("TPU_ACCELERATOR_TYPE"))
+    quiet_libtpu()  # what every command does at start (dapo_jax/startup.py); again, for a plan run in-process
 
 
 @contextlib.contextmanager

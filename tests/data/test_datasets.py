@@ -82,7 +82,7 @@ def test_missing_key_in_a_row_and_bad_answer(tmp_path):
 def test_custom_fields_and_dotted_paths(tmp_path):
     path = _write_jsonl(tmp_path / "c.jsonl", [{"q": "what?", "meta": {"gt": "7"}}])
     assert load_problems(path, format="custom", problem_field="q", answer_field="meta.gt") == [Problem("what?", "7", 0)]
-    with pytest.raises(DataError, match="pass problem_field="):
+    with pytest.raises(DataError, match=r"no problem field: name it \(data.train.prompt_field / data.eval.prompt_field in a run config, --prompt-field"):
         load_problems(path, format="custom")
     # an override on a named format
     assert to_problems([{"question": "a", "final": "5"}], "math500", problem_field="question",
@@ -117,3 +117,25 @@ def test_register_format():
             register_format(name, DatasetFormat("x", "y"))
     finally:
         FORMATS.pop(name)
+
+
+def test_a_byte_that_is_not_utf8_names_the_file_line_and_column(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(b'{"question": "1+1=", "answer": "#### 2"}\n{"question": "caf\xe9?", "answer": "#### 3"}\n')
+    with pytest.raises(DataError) as info:
+        load_problems(str(path), format="gsm8k")
+    assert str(info.value) == f"{path}: line 2, column 18: byte 0xe9 is not UTF-8 (save the file as UTF-8)"
+
+
+def test_a_named_pipe_is_read_like_a_file(tmp_path):
+    """`data.train=<(zcat rows.jsonl.gz)` in a shell gives a pipe: its rows are read like a file's."""
+    import os
+    import threading
+
+    fifo = tmp_path / "rows.jsonl"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text('{"question": "2+2=", "answer": "#### 4"}\n'))
+    writer.start()
+    problems = load_problems(str(fifo), format="gsm8k")
+    writer.join()
+    assert [(p.problem, p.answer) for p in problems] == [("2+2=", "4")]

@@ -302,3 +302,28 @@ def test_a_model_folder_without_tokenizer_files_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
     with pytest.raises(CheckpointError, match="must sit beside config.json and the weights"):
         load_tokenizer(tmp_path)
+
+
+def test_saved_weights_have_the_mode_of_any_written_file(tmp_path):
+    """safetensors creates its files 0600; an export others serve or copy must be readable as the umask says."""
+    import os
+
+    from dapo_jax.models.hf_io import save_safetensors
+
+    old = os.umask(0o022)
+    try:
+        save_pretrained(load_pretrained(_saved_tiny(tmp_path)), tmp_path / "out", max_shard_bytes=20_000)
+        save_safetensors({"w": np.ones(3, np.float32)}, tmp_path / "one.safetensors")
+        os.umask(0o027)
+        save_safetensors({"w": np.ones(3, np.float32)}, tmp_path / "group.safetensors")
+    finally:
+        os.umask(old)
+    files = [*(tmp_path / "out").glob("*.safetensors"), tmp_path / "one.safetensors"]
+    assert len(files) > 2 and {oct(f.stat().st_mode & 0o777) for f in files} == {"0o644"}
+    assert oct((tmp_path / "group.safetensors").stat().st_mode & 0o777) == "0o640"
+
+
+def _saved_tiny(tmp_path):
+    ref = hf_model("qwen2", False, seed=2)
+    ref.save_pretrained(tmp_path / "hf")
+    return tmp_path / "hf"

@@ -2,6 +2,8 @@
 parameter gradients, the trainer's log-probs, the packed and unpacked update, and the sampler's tokens and
 log-probs (its prefill runs through the chosen implementation)."""
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -154,3 +156,49 @@ def test_gpu_flash_decoder_on_a_gpu_equals_the_reference(name):
     worst = max(errors, key=lambda key: errors[key][0] / max(errors[key][1], 1e-30))
     print(f"{name}: largest |got - want| / |want| {errors[worst][0] / max(errors[worst][1], 1e-30):.3g} at {worst}")
     assert all(err <= 1e-4 * ref for err, ref in errors.values()), errors
+
+
+@pytest.mark.parametrize("impl", ["splash", "gpu_flash"])
+def test_each_kernel_runs_through_the_trainers_programs_in_sequence(impl):
+    """The Pallas kernels (interpret mode) through the real programs, each traced on its own in the trainer's
+    order: the log-prob pass under `jit`, then the packed update (its chunk loss traced by `eval_shape`,
+    then under `jit`), then the unpacked update, then the sampler. Each equals the reference
+    implementation's result. A kernel cached with one trace's values (splash's before issue 47) makes
+    the second program raise `UnexpectedTracerError`; calling the kernels outside `jit` never shows it."""
+    from dapo_jax.models.logprobs import response_logprobs
+    from dapo_jax.sampling.buckets import pad_to_bucket
+    from dapo_jax.sampling.config import SamplingConfig
+    from dapo_jax.sampling.sampler import generate
+
+    objective = load_objective("dapo")
+    batch = packed_cases._fields(objective, packed_cases.make_batch())
+    flat = lambda x: x.reshape(-1, x.shape[-1])  # noqa: E731
+    prompts = jnp.repeat(batch.prompt_ids, packed_cases.G, axis=0), jnp.repeat(batch.prompt_mask, packed_cases.G, axis=0)
+    ids, mask = pad_to_bucket([[5, 9, 2], [7, 1, 1, 4, 8, 3, 6]], (8,), pad_id=0)
+    config = SamplingConfig(max_new_tokens=4, temperature=1.0, eos_token_ids=(3,), pad_token_id=0)
+    tx, schedule = optax.sgd(0.1), optax.constant_schedule(0.1)
+    results = {}
+    for name in ("reference", impl):
+        with pallas_interpret() if name == impl else contextlib.nullcontext():
+            model = Decoder(packed_cases.tiny_model().config.replace(attention=name), rngs=nnx.Rngs(0))
+            graphdef, params = nnx.split(model)
+            logp = jax.jit(lambda p: response_logprobs(nnx.merge(graphdef, p), *prompts, flat(batch.response_ids),
+                                                       flat(batch.response_mask)))(params)
+            packed = make_packed_train_step(graphdef, tx, schedule, objective=objective, num_minibatches=2,
+                                            chunk_rows=packed_cases.G, share_prompts=False)
+            unpacked = make_train_step(graphdef, tx, schedule, objective=objective, num_minibatches=2)
+            fresh = lambda: init_train_state(jax.tree.map(jnp.copy, params), tx)  # noqa: E731 (the step donates it)
+            steps = [step(fresh(), batch) for step in (packed, unpacked)]
+            sampled = generate(model, jnp.asarray(ids), jnp.asarray(mask), jax.random.key(3), num_samples=2,
+                               config=config)
+        results[name] = logp, steps, sampled
+    (want_logp, want_steps, want_out), (got_logp, got_steps, got_out) = results["reference"], results[impl]
+    for a, b in zip(got_logp, want_logp):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
+    for (state, met), (want_state, want_met) in zip(got_steps, want_steps):
+        for k in want_met:
+            np.testing.assert_allclose(np.asarray(met[k]), np.asarray(want_met[k]), rtol=2e-5, atol=1e-6, err_msg=k)
+        for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(want_state.params)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(got_out.response_ids, want_out.response_ids)
+    np.testing.assert_allclose(got_out.logprobs, want_out.logprobs, atol=1e-5)

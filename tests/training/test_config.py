@@ -52,11 +52,28 @@ def test_overrides_are_parsed_as_yaml():
         parse_overrides(["novalue"])
 
 
-def test_objective_equals_name_switches_the_recipe_and_keeps_the_configs_objective_fields():
+def test_objective_equals_name_is_that_recipe_as_shipped():
+    """`objective=grpo` on a DAPO config trains GRPO's recipe: none of the file's DAPO keys (its overlong
+    punishment) ride along (issue 47); `objective.name=grpo` keeps them, as overrides of GRPO's recipe."""
+    shipped = yaml.safe_load((CONFIG_DIR / "objectives" / "grpo.yaml").read_text())
     cfg = load_config(CONFIG_DIR / "cot_dapo.yaml", ["objective=grpo"])  # cot_dapo sets overlong_buffer 16
-    assert cfg.objective.name == "grpo" and cfg.objective_config.overlong_buffer == 16
-    assert cfg.objective_config.dynamic_sampling is False  # grpo's recipe, not dapo's
+    assert cfg.objective.name == "grpo" and cfg.objective.overrides == {}
+    built = cfg.objective_config
+    assert built.overlong_buffer is None and built.dynamic_sampling is False and built.eps_high == 0.2
+    assert all(getattr(built, k) == v for k, v in shipped.items() if k != "max_response_length")
+    kept = load_config(CONFIG_DIR / "cot_dapo.yaml", ["objective.name=grpo"])
+    assert kept.objective.name == "grpo" and kept.objective_config.overlong_buffer == 16
+    assert kept.objective_config.dynamic_sampling is False  # grpo's recipe, with the file's keys on top
+    assert parse_overrides(["objective=grpo"]) == [("objective", {"name": "grpo"})]
     assert parse_overrides(["objective={name: gspo}"]) == [("objective", {"name": "gspo"})]  # a mapping: as before
+
+
+def test_an_override_that_is_not_yaml_is_one_line_naming_it():
+    bad = "reward.functions=[{name: gsm8k}"
+    with pytest.raises(ConfigError) as info:
+        load_config("tiny_dapo", [bad])
+    assert str(info.value).startswith(f"override {bad!r}: the value is not valid YAML")
+    assert "\n" not in str(info.value)
 
 
 def _error(tmp_path, text=None, overrides=()):

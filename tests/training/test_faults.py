@@ -56,6 +56,22 @@ def test_malformed_jsonl_names_file_and_line_before_anything_is_written(tiny_mod
     assert (run_dir / "config.yaml").exists()
 
 
+def test_a_byte_that_is_not_utf8_is_one_line_at_the_start_and_at_a_resume(tiny_model_dir, tmp_path, overrides_for,
+                                                                         capsys):
+    """A Latin-1 byte in the .jsonl, in the file the run starts on, or written into it before the resume."""
+    good = '{"question": "1+1=", "answer": "#### 2"}\n{"question": "2+2=", "answer": "#### 4"}\n'
+    data, run_dir = tmp_path / "train.jsonl", tmp_path / "run"
+    data.write_bytes(good.encode() + b'{"question": "caf\xe9", "answer": "#### 1"}\n')
+    rc, err, _ = train_rc([*gsm8k_overrides(overrides_for, tiny_model_dir, run_dir, data), "train.steps=1"], capsys)
+    assert rc == 2 and err == f"dapo-jax: DataError: {data}: line 3, column 18: byte 0xe9 is not UTF-8 (save the file as UTF-8)"
+    assert_nothing_written(run_dir)
+    data.write_text(good)
+    assert train_rc([*gsm8k_overrides(overrides_for, tiny_model_dir, run_dir, data), "train.steps=1"], capsys)[0] == 0
+    data.write_bytes(good.replace("2+2", "2\xa02").encode("latin-1"))  # edited in place between the run and its resume
+    rc, err, _ = train_rc([*gsm8k_overrides(overrides_for, tiny_model_dir, run_dir, data), "train.steps=2"], capsys)
+    assert rc == 2 and err == f"dapo-jax: DataError: {data}: line 2, column 16: byte 0xa0 is not UTF-8 (save the file as UTF-8)"
+
+
 def test_empty_jsonl_is_a_one_line_error(tiny_model_dir, tmp_path, overrides_for, capsys):
     data = tmp_path / "empty.jsonl"
     data.write_text("")
@@ -365,9 +381,15 @@ def start_run(tiny_model_dir, run_dir, overrides_for, **env):
     """`dapo-jax train tiny_dapo` for 400 steps in a subprocess; returns (process, its environment)."""
     args = overrides_for(tiny_model_dir, run_dir, **{"train.steps": 400, "train.checkpoint_every": 0})
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
-    proc = subprocess.Popen([sys.executable, "-m", "dapo_jax.cli", "train", "tiny_dapo", *args], cwd=REPO, env=env,
+    proc = subprocess.Popen([sys.executable, "-c", DEFAULT_SIGHUP, "train", "tiny_dapo", *args], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return proc, env
+
+
+# `dapo-jax ...` with SIGHUP's default action, as a shell in a terminal starts it, even when the tests run under
+# nohup (an ignored SIGHUP is inherited, and the run then rightly keeps ignoring it)
+DEFAULT_SIGHUP = ("import os, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_DFL); "
+                  "os.execv(sys.executable, [sys.executable, '-m', 'dapo_jax.cli', *sys.argv[1:]])")
 
 
 def stop_mid_run(sig, tiny_model_dir, run_dir, overrides_for):
@@ -493,3 +515,143 @@ def test_a_mesh_that_leaves_devices_idle_says_so(capsys):
                                          "optim.num_minibatches=1"]))
     assert mesh.devices.size == 3
     assert f"uses 3 of the {n} visible devices" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- SIGHUP, and signals while starting
+def test_sighup_saves_like_sigterm_in_one_line(tiny_model_dir, tmp_path, overrides_for):
+    run_dir = tmp_path / "run"
+    code, err, saved, _ = stop_mid_run(signal.SIGHUP, tiny_model_dir, run_dir, overrides_for)
+    assert code == 143, err[-2000:]
+    said = [line for line in err.splitlines() if line.startswith("dapo-jax:")]
+    assert said == [f"dapo-jax: Preempted: SIGHUP (the terminal closed) at step {saved}: checkpoint saved in "
+                    f"{run_dir / 'checkpoints'}; rerun the same command to resume"], said
+    assert max(r["step"] for r in read_metrics(run_dir)) == saved
+
+
+def test_closing_the_runs_terminal_saves_and_the_next_run_resumes(tiny_model_dir, tmp_path, overrides_for):
+    """The run's terminal is a pseudo-terminal it controls; closing it (the terminal window, an ssh session)
+    makes the kernel send SIGHUP, and every later write to it fails: the run saves the step and exits 143."""
+    import pty
+    import threading
+
+    run_dir = tmp_path / "run"
+    args = overrides_for(tiny_model_dir, run_dir, **{"train.steps": 400, "train.checkpoint_every": 0,
+                                                    "train.progress": "true"})
+    master, slave = pty.openpty()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    controlled = ("import fcntl, os, signal, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "  # its terminal
+                  "signal.signal(signal.SIGHUP, signal.SIG_DFL); "
+                  "os.execv(sys.executable, [sys.executable, '-m', 'dapo_jax.cli', *sys.argv[1:]])")
+    proc = subprocess.Popen([sys.executable, "-c", controlled, "train", "tiny_dapo", *args], cwd=REPO, env=env,
+                            stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
+    os.close(slave)
+    reader = threading.Thread(target=lambda: _drain(master), daemon=True)  # a terminal that shows what it gets
+    reader.start()
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 4:
+            break
+        time.sleep(0.2)
+    os.close(master)  # the terminal closes
+    assert proc.wait(timeout=120) == 143
+    ckpt = Checkpointer(run_dir / "checkpoints")
+    saved = max(ckpt.all_steps(), default=None)
+    ckpt.close()
+    assert saved is not None and saved >= 3 and max(r["step"] for r in read_metrics(run_dir)) == saved
+    assert_resumes(tiny_model_dir, run_dir, overrides_for, saved, env)
+
+
+def _drain(fd):
+    try:
+        while os.read(fd, 4096):
+            pass
+    except OSError:
+        pass
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Whether process `pid` has a handler for `sig` (its SigCgt mask in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(mask >> (sig - 1) & 1)
+
+
+@pytest.mark.parametrize("sig, words", [(signal.SIGTERM, "SIGTERM"), (signal.SIGHUP, "SIGHUP (the terminal closed)")])
+def test_a_signal_while_the_data_loads_is_one_line_and_143(tmp_path, tiny_model_dir, overrides_for, sig, words):
+    """The training file is a named pipe nobody writes yet (a stalled network mount): the run blocks while
+    loading its data, before its own handlers are in place. The signal ends it with one line, nothing written."""
+    fifo = tmp_path / "train.jsonl"
+    os.mkfifo(fifo)
+    run_dir = tmp_path / "run"
+    args = gsm8k_overrides(overrides_for, tiny_model_dir, run_dir, fifo)
+    proc = subprocess.Popen([sys.executable, "-c", DEFAULT_SIGHUP, "train", "tiny_dapo", *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None and not _blocked_opening_a_fifo(proc.pid):
+        time.sleep(0.1)  # until it is blocked opening the pipe
+    assert _catches(proc.pid, sig)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err[-2000:]
+    assert err.strip().splitlines() == [f"dapo-jax: Preempted: {words} while starting (imports, config, data): nothing "
+                                        f"to save, exiting now (exit 143); rerun the same command to start or resume"]
+    assert_nothing_written(run_dir)
+
+
+def _blocked_opening_a_fifo(pid: int) -> bool:
+    """Whether process `pid`'s main thread waits in the kernel to open a named pipe."""
+    try:
+        return Path(f"/proc/{pid}/wchan").read_text().strip() == "fifo_open"
+    except OSError:
+        return False
+
+
+# ----------------------------------------------------------------------------- a run dir on a full file system
+FULL_RUN_DIR = """
+import subprocess, sys, time
+from pathlib import Path
+from tests.training.save_faults import _fill
+run, rows = Path(sys.argv[1]), int(sys.argv[2])
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(run)], check=True)
+if rows == 0:
+    _fill(run)
+proc = subprocess.Popen([sys.executable, "-m", "dapo_jax.cli", *sys.argv[3:]], stderr=subprocess.PIPE, text=True)
+metrics = run / "metrics.jsonl"
+while rows and proc.poll() is None and not (metrics.exists() and len(metrics.read_text().splitlines()) >= rows):
+    time.sleep(0.05)
+if rows:
+    _fill(run)
+err = proc.communicate()[1]
+sys.stderr.write(err)
+sys.exit(proc.returncode)
+"""
+
+
+def in_a_full_run_dir(run_dir, rows, args):
+    """`dapo-jax train` into a run dir that is a 4 MiB tmpfs (a user and mount namespace: `unshare -rm`),
+    filled up before the run (rows=0) or once metrics.jsonl has `rows` lines: (exit code, dapo-jax lines)."""
+    run_dir.mkdir()
+    done = subprocess.run(["unshare", "-rm", sys.executable, "-c", FULL_RUN_DIR, str(run_dir), str(rows), *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    return done.returncode, [ln for ln in done.stderr.splitlines() if ln.startswith("dapo-jax:")], done.stderr
+
+
+def _namespaces() -> bool:
+    return shutil.which("unshare") is not None and subprocess.run(["unshare", "-rm", "true"]).returncode == 0
+
+
+@pytest.mark.skipif(not _namespaces(), reason="needs `unshare -rm` (user and mount namespaces) to mount a small tmpfs")
+def test_a_full_disk_under_the_lock_or_metrics_is_one_line(tiny_model_dir, tmp_path, overrides_for):
+    full = tmp_path / "full"
+    rc, lines, err = in_a_full_run_dir(full, 0, ["train", "tiny_dapo", *overrides_for(tiny_model_dir, full)])
+    assert rc == 2 and "Traceback" not in err, err[-2000:]
+    assert len(lines) == 1 and lines[0].startswith(f"dapo-jax: ConfigError: train.run_dir: cannot write {full}'s lock (")
+    assert lines[0].endswith("): no space left on the device (or no free inodes: `df -i`)")
+    mid = tmp_path / "mid"
+    args = overrides_for(tiny_model_dir, mid, **{"train.steps": 400, "train.checkpoint_every": 0})
+    rc, lines, err = in_a_full_run_dir(mid, 3, ["train", "tiny_dapo", *args])
+    assert rc == 6 and "Traceback" not in err, err[-2000:]
+    assert len(lines) == 1 and lines[0].startswith(f"dapo-jax: RunDirWriteError: cannot write {mid / 'metrics.jsonl'} "
+                                                   f"at step "), lines
+    assert "no space left on the device" in lines[0]

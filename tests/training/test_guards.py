@@ -117,3 +117,21 @@ def test_sigint_before_arming_ends_the_process_at_once_with_130():
     assert err.strip().splitlines() == ["dapo-jax: Interrupted: Ctrl-C (SIGINT) before the first step completed: "
                                         "nothing to save, exiting now (exit 130); rerun the same command to start or "
                                         "resume"]
+
+
+def test_sighup_is_caught_unless_the_caller_ignores_it():
+    """SIGHUP (a closed terminal) saves and stops like SIGTERM; under `nohup`, which ignores it, the run
+    keeps ignoring it and outlives its terminal."""
+    before = signal.getsignal(signal.SIGHUP)
+    try:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        with Preemption() as pre:
+            signal.raise_signal(signal.SIGHUP)
+            assert pre.requested and pre.signum == signal.SIGHUP
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        with Preemption() as pre:
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            signal.raise_signal(signal.SIGHUP)
+            assert not pre.requested
+    finally:
+        signal.signal(signal.SIGHUP, before)

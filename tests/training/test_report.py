@@ -98,3 +98,23 @@ def test_the_bar_shows_each_source_s_accuracy_and_the_row_the_data_round(tmp_pat
 
     assert "data_round" not in step_row(result(), RunState(step=1, rng=None), Stream(), Scorer())
     assert step_row(result(), RunState(step=1, rng=None, data_round=2), Stream(), Scorer())["data_round"] == 2
+
+
+def test_progress_is_a_plain_line_per_step_where_the_stream_is_not_a_terminal(tmp_path):
+    """A log file or a scheduler's capture: one line per step with the bar's figures, no redrawn bar."""
+    import io
+
+    cfg = load_config("tiny_dapo", ["train.progress=true", "train.steps=3"])
+    log = io.StringIO()  # not a terminal
+    progress = Progress(cfg, 1, enabled=True, run_dir=tmp_path, stream=log)
+    for step in (2, 3):
+        progress.update(result(reward_mean=0.5, accuracy=0.25, kept_fraction=1.0), RunState(step=step, rng=None))
+    progress.close()
+    lines = log.getvalue().splitlines()
+    assert [ln.rsplit(",", 1)[0] for ln in lines] == [
+        f"[dapo-jax] step {s}/3: reward 0.50, acc 0.25, kept 1.00, ent {lines[0].split('ent ')[1].split(',')[0]}"
+        for s in (2, 3)]
+    assert all(ln.endswith(" s") for ln in lines) and "\r" not in log.getvalue()
+    quiet = io.StringIO()
+    Progress(load_config("tiny_dapo", ["train.progress=false"]), 0, enabled=True, run_dir=tmp_path, stream=quiet).close()
+    assert quiet.getvalue() == ""
