@@ -101,18 +101,18 @@ def _pad(q, k, v, seg, length):
     return pad(q), pad(k), pad(v), seg
 
 
-@functools.lru_cache(maxsize=32)
 def _splash_kernel(heads: int, length: int, block: int, interpret: bool):
-    """The kernel for one shape, built once. It holds arrays (the mask's block tables): built inside a `jit`
-    trace they would be that trace's values, and the next program to use the cached kernel would fail with
-    `UnexpectedTracerError`. `ensure_compile_time_eval` makes them concrete arrays whatever traces the call."""
+    """The kernel for one shape, built anew in each trace. It holds arrays (the mask's block tables) that
+    become constants of the trace it is built in: a kernel cached across traces hands one program's values
+    to the next (`UnexpectedTracerError`, or an AOT-lowered program expecting extra inputs), and making
+    them concrete with `ensure_compile_time_eval` places them on a device, which a deviceless TPU compile
+    (`dapo-jax plan --topology`) has none of."""
     from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
     mask = sa.MultiHeadMask([sa.CausalMask((length, length)) for _ in range(heads)])
     sizes = sa.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
                           block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
-    with jax.ensure_compile_time_eval():
-        return sa.make_splash_mha_single_device(mask, block_sizes=sizes, interpret=interpret)
+    return sa.make_splash_mha_single_device(mask, block_sizes=sizes, interpret=interpret)
 
 
 def _splash_local(q, k, v, seg, *, interpret: bool):
