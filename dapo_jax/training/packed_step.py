@@ -39,8 +39,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from dapo_jax.data.packing import pack_with_tail, tail_heights
 from dapo_jax.objectives.diagnostics import combine_metrics
 from dapo_jax.parallel.mesh import committed, jit_keeping_layout
-from dapo_jax.training.train_step import (Batch, TrainState, _joined, apply_accumulated, batch_statistics_of,
-                                         policy_logprobs, statistics_priority, step_metrics, with_pass_values)
+from dapo_jax.training.train_step import (Batch, TrainState, _joined, apply_accumulated, batch_level_statistics,
+                                         batch_statistics_of, policy_logprobs, step_metrics, with_pass_values)
 
 
 def packed_logprobs(model, tokens, segment_ids, positions, targets, *, temperature, branch_ids=None):
@@ -124,33 +124,18 @@ def make_packed_train_step(
 
     @jax.jit
     def start(params, mini: Batch, frozen, step=None):
-        """The mini-batch's batch-level statistics (as train_step's, unpacked) and the per-token values
-        `[P, G, T]` they were taken from (entropy, logp, priority; None when not needed)."""
-        stats, values = {}, None
-        if stats_fn is not None and not policy_pass:
-            stats.update(stats_fn(objective, logp=None, old_logp=mini.old_logp, advantages=mini.advantages,
-                                  mask=mini.response_mask, behaviour_logp=mini.behaviour_logp))
-        if quantile is not None or eda or policy_pass:
-            from dapo_jax.objectives.entropy_advantage import entropy_normaliser
-            from dapo_jax.objectives.policy_loss import high_entropy_threshold
-
+        """The mini-batch's batch-level statistics (`batch_level_statistics`, as the unpacked update) and the
+        per-token values `[P, G, T]` they were taken from (entropy, logp, priority; None when not needed)."""
+        def logprobs():
             p = mini.response_ids.shape[0]
             split = jax.tree.map(lambda x: x.reshape(micro_batches, p // micro_batches, *x.shape[1:]), mini)
-            logp, entropy = jax.tree.map(lambda x: x.reshape(mini.response_mask.shape), jax.lax.stop_gradient(
+            return jax.tree.map(lambda x: x.reshape(mini.response_mask.shape), jax.lax.stop_gradient(
                 jax.lax.map(lambda mb: policy_logprobs(
                     graphdef, _joined(frozen, params), mb.prompt_ids, mb.prompt_mask, mb.response_ids,
                     mb.response_mask, temperature=temperature), split)))
-            values = {"entropy": entropy}
-            if quantile is not None:
-                stats["entropy_threshold"] = high_entropy_threshold(entropy, mini.response_mask, quantile=quantile)
-            if eda:
-                stats["entropy_norm"] = entropy_normaliser(entropy, mini.response_mask)
-            if policy_pass:
-                values["logp"], values["priority"] = logp, statistics_priority(step, logp.shape)
-                stats.update(stats_fn(objective, logp=logp, old_logp=mini.old_logp, advantages=mini.advantages,
-                                      mask=mini.response_mask, behaviour_logp=mini.behaviour_logp,
-                                      priority=values["priority"]))
-        return stats, values
+
+        return batch_level_statistics(mini, logprobs, objective=objective, stats_fn=stats_fn, quantile=quantile,
+                                      eda=eda, policy_pass=policy_pass, step=step)
 
     zeros = []
 

@@ -118,6 +118,36 @@ def policy_logprobs(graphdef, params, prompt_ids, prompt_mask, response_ids, res
     return response_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=temperature)
 
 
+def batch_level_statistics(mini: Batch, logprobs: Callable, *, objective, stats_fn, quantile, eda, policy_pass,
+                           step=None):
+    """`(stats, values)` of a mini-batch, shared by the unpacked and the packed update: the high-entropy
+    mask's quantile, EDGE-GRPO's normaliser N and the objective's own statistics (`batch_statistics`), and
+    the per-token values they were taken from (entropy, logp, priority; None when no pass is needed).
+    `logprobs()`: `(logp, entropy)` of one no-gradient pass, shaped like `mini`'s masks, called only when
+    a statistic needs it."""
+    stats = {}
+    if stats_fn is not None and not policy_pass:  # from the batch alone (normalised IS weights)
+        stats.update(stats_fn(objective, logp=None, old_logp=mini.old_logp, advantages=mini.advantages,
+                              mask=mini.response_mask, behaviour_logp=mini.behaviour_logp))
+    if quantile is None and not eda and not policy_pass:
+        return stats, None
+    from dapo_jax.objectives.entropy_advantage import entropy_normaliser
+    from dapo_jax.objectives.policy_loss import high_entropy_threshold
+
+    logp, entropy = logprobs()
+    values = {"entropy": entropy}
+    if quantile is not None:
+        stats["entropy_threshold"] = high_entropy_threshold(entropy, mini.response_mask, quantile=quantile)
+    if eda:
+        stats["entropy_norm"] = entropy_normaliser(entropy, mini.response_mask)
+    if policy_pass:
+        values["logp"], values["priority"] = logp, statistics_priority(step, logp.shape)
+        stats.update(stats_fn(objective, logp=logp, old_logp=mini.old_logp, advantages=mini.advantages,
+                              mask=mini.response_mask, behaviour_logp=mini.behaviour_logp,
+                              priority=values["priority"]))
+    return stats, values
+
+
 def make_logprob_fn(graphdef, *, temperature: float) -> Callable:
     """Jitted `(params, prompt_ids, prompt_mask, response_ids, response_mask) -> (logp, entropy)`."""
     return jax.jit(lambda params, *a: policy_logprobs(graphdef, params, *a, temperature=temperature))
@@ -212,33 +242,12 @@ def make_train_step(
 
     def entropy_stats(params, mini: Batch, frozen=None, step=None):
         """Batch-level statistics over every valid token of the mini-batch (all its micro-batches, and
-        all devices under jit's sharding): the high-entropy mask's quantile, EDGE-GRPO's normaliser N,
-        the objective's own (`batch_statistics`), and the per-token values `[micro_batches, P/m, G, T]`
-        they were taken from (entropy, logp, priority; None when no pass is needed). One extra forward
-        pass, without gradient, so the kept tokens and the scaled advantages do not depend on
-        `micro_batches` or the mesh (module docstring)."""
-        stats = {}
-        if stats_fn is not None and not policy_pass:  # from the batch alone (normalised IS weights)
-            stats.update(stats_fn(objective, logp=None, old_logp=mini.old_logp, advantages=mini.advantages,
-                                  mask=mini.response_mask, behaviour_logp=mini.behaviour_logp))
-        if quantile is None and not eda and not policy_pass:
-            return stats, None
-        from dapo_jax.objectives.entropy_advantage import entropy_normaliser
-        from dapo_jax.objectives.policy_loss import high_entropy_threshold
-
-        logp, entropy = jax.lax.stop_gradient(jax.lax.map(lambda mb: batch_logprobs(
-            graphdef, _joined(frozen, params), mb, temperature=temperature), mini))
-        values = {"entropy": entropy}
-        if quantile is not None:
-            stats["entropy_threshold"] = high_entropy_threshold(entropy, mini.response_mask, quantile=quantile)
-        if eda:
-            stats["entropy_norm"] = entropy_normaliser(entropy, mini.response_mask)
-        if policy_pass:
-            values["logp"], values["priority"] = logp, statistics_priority(step, logp.shape)
-            stats.update(stats_fn(objective, logp=logp, old_logp=mini.old_logp, advantages=mini.advantages,
-                                  mask=mini.response_mask, behaviour_logp=mini.behaviour_logp,
-                                  priority=values["priority"]))
-        return stats, values
+        all devices under jit's sharding): `batch_level_statistics` of one extra forward pass, without
+        gradient, so the kept tokens and the scaled advantages do not depend on `micro_batches` or the
+        mesh (module docstring). Values `[micro_batches, P/m, G, T]`."""
+        return batch_level_statistics(mini, lambda: jax.lax.stop_gradient(jax.lax.map(lambda mb: batch_logprobs(
+            graphdef, _joined(frozen, params), mb, temperature=temperature), mini)), objective=objective,
+            stats_fn=stats_fn, quantile=quantile, eda=eda, policy_pass=policy_pass, step=step)
 
     def minibatch_update(carry, mini: Batch, frozen=None):
         params = carry[0]
