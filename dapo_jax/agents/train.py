@@ -33,7 +33,7 @@ from dapo_jax.agents.episodes import AgentLimits, Episode, run_episodes
 from dapo_jax.agents.outcome import outcome_rewards
 from dapo_jax.agents.render import DeltaRenderer
 from dapo_jax.agents.update import episode_batch
-from dapo_jax.training.train_step import TrainState, init_train_state, make_train_step
+from dapo_jax.training.update.train_step import TrainState, init_train_state, make_train_step
 
 
 class AgentTrainer:

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from dapo_jax.eval_command.sets import EvalSet
-from dapo_jax.training.config import ConfigError, RunConfig, config_from_dict, load_config, parse_overrides
+from dapo_jax.training.config.run import ConfigError, RunConfig, config_from_dict, load_config, parse_overrides
 
 _BASE_RUN_DIR = "<no run: a base model>"
 
@@ -184,7 +184,7 @@ def run_eval(target: Target, sets: list[EvalSet], flags: EvalFlags = EvalFlags()
     from dapo_jax.parallel.mesh import batch_sharding
     from dapo_jax.sampling.sampler import make_generate
     from dapo_jax.training import loop, sources
-    from dapo_jax.training.config import resolve_path
+    from dapo_jax.training.config.run import resolve_path
     from dapo_jax.training.evaluate import eval_key, evaluate
 
     cfg = target.cfg

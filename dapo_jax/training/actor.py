@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from dapo_jax.training import sources
-from dapo_jax.training.config import RunConfig
+from dapo_jax.training.config.run import RunConfig
 from dapo_jax.training.group_filter import selection_stats
 from dapo_jax.training.rollout import Groups, StreamedRounds, collect_groups
 from dapo_jax.training.source_metrics import source_stats, watch_rounds
@@ -89,7 +89,7 @@ class Actor:
         return sampler, ids, mask, key
 
     def precompile(self, sampler) -> None:
-        """Compiles what the first round runs, as `sample_round` calls it (training/compile_ahead.py): the
+        """Compiles what the first round runs, as `sample_round` calls it (training/update/compile_ahead.py): the
         sampler, for `policy.sampler(params)` given by its shapes and layouts, and the reward shaping's and
         dynamic sampling's array operations on a round's shapes."""
         from dapo_jax.objectives.loss import dynamic_sampling_keep, shape_rewards
@@ -148,7 +148,7 @@ class Actor:
                               score=self.score, keep_fn=keep, need=need)
 
     def initial_batch(self, params, round_idx: int) -> tuple:
-        """VAPO's value pre-training batch `round_idx` (training/critic.py): one round of the initial policy,
+        """VAPO's value pre-training batch `round_idx` (training/update/critic.py): one round of the initial policy,
         as device arrays `(prompt_ids, prompt_mask, response_ids, response_mask, rewards, valid)`."""
         from dapo_jax.parallel.host import to_global
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import jax
 from flax import nnx
 
-from dapo_jax.training.config import ConfigError, RunConfig, resolve_path
-from dapo_jax.training.lora import PolicyWeights
-from dapo_jax.training.train_step import init_train_state, make_optimizer
+from dapo_jax.training.config.run import ConfigError, RunConfig, resolve_path
+from dapo_jax.training.update.lora import PolicyWeights
+from dapo_jax.training.update.train_step import init_train_state, make_optimizer
 
 
 def build_mesh(cfg: RunConfig):
@@ -90,7 +90,7 @@ def load_trained_model(cfg: RunConfig, checkpoint: str | Path | None = None, *, 
     `checkpoints/` folder or one `checkpoints/STEP`; None = the run dir's newest, base model if none).
     A LoRA run's adapters come merged into a plain Decoder, or with `adapters=True` as LoRA modules."""
     from dapo_jax.models.lora import merged_decoder
-    from dapo_jax.training.checkpoint import restore_params
+    from dapo_jax.training.state.checkpoint import restore_params
 
     mesh = mesh or build_mesh(cfg)
     with jax.set_mesh(mesh):

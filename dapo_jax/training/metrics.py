@@ -107,7 +107,7 @@ class MetricsWriter:
                     where = f"{type(logger).__name__}'s files in {self.path.parent}"
                     logger.log(int(step), scalars(row))
         except OSError as e:
-            from dapo_jax.training.failed_save import RunDirWriteError, cause_of
+            from dapo_jax.training.state.failed_save import RunDirWriteError, cause_of
 
             self._failed = True
             raise RunDirWriteError(f"cannot write {where} at step {step}: {cause_of(e)}; the run stopped (rows up to "

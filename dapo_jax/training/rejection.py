@@ -23,7 +23,7 @@ import json
 import os
 from pathlib import Path
 
-from dapo_jax.training.config import ConfigError
+from dapo_jax.training.config.run import ConfigError
 
 
 def select_kept(records: list[dict], *, per_prompt: int) -> list[dict]:
@@ -98,7 +98,7 @@ def run_rft(model: str, *, out: str | Path, checkpoint: int | None = None, overr
     from dapo_jax.eval_command.run import load_checkpoint, resolve_target
     from dapo_jax.training.build import build_mesh, load_model, load_tokenizer
 
-    from dapo_jax.training.config import find_config
+    from dapo_jax.training.config.run import find_config
 
     if not Path(model).exists():  # a packaged recipe's name (tiny_dapo)
         model = str(find_config(model))

@@ -101,7 +101,7 @@ class Groups:
     def blank(n: int, prompt_len: int, group_size: int, response_len: int, *, steps: int = 0,
               parts: int = 0) -> "Groups":
         """`n` valid all-zero groups with the dtypes a scored round has: what the programs a batch goes
-        through are compiled for ahead of the first rollout (training/compile_ahead.py)."""
+        through are compiled for ahead of the first rollout (training/update/compile_ahead.py)."""
         p, g, t = n, group_size, response_len
         return Groups(np.zeros((p, prompt_len), np.int32), np.zeros((p, prompt_len), np.int32),
                       np.zeros((p, g, t), np.int32), np.zeros((p, g, t), np.float32), np.zeros((p, g, t), np.float32),

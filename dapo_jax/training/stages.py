@@ -38,7 +38,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dapo_jax.training.config import ConfigError, RunConfig, SourceSection, find_config, load_config
+from dapo_jax.training.config.run import ConfigError, RunConfig, SourceSection, find_config, load_config
 
 STAGE_PREFIX = "stage:"
 
@@ -158,7 +158,7 @@ def export_final(cfg: RunConfig, out: Path) -> None:
     from dapo_jax.models.generation_config import load_generation_config
     from dapo_jax.models.hf_io import save_pretrained
     from dapo_jax.training.build import load_trained_model
-    from dapo_jax.training.config import resolve_path
+    from dapo_jax.training.config.run import resolve_path
 
     model, tokenizer, _ = load_trained_model(cfg, cfg.train.run_dir)
     tmp = out.with_name(out.name + ".tmp")

@@ -25,7 +25,7 @@ import numpy as np
 
 from dapo_jax.data.datasets import DataError
 from dapo_jax.data.supervised import SupervisedStream, supervised_examples
-from dapo_jax.training.config import RunConfig, resolve_path
+from dapo_jax.training.config.run import RunConfig, resolve_path
 from dapo_jax.training.rollout import Groups
 
 BUILT_IN = ("cot",)  # built-in tasks with worked traces to fine-tune on (data/cot.py)
