@@ -23,7 +23,7 @@ The programs: `decode step` (`models.decode.decode_step`, one token per row over
 cache, with the fused `[q|k|v]` / `[gate|up]` kernels built outside it, as the rollout does; beside it the same
 step with each block's separate projections), `rollout` (`make_generate`: prefill and every decode loop), `prefill` (the model's cached
 forward over the prompt), and the update programs of the tiny DAPO recipe as `dapo-jax plan` lowers
-them (`plan_programs.build_world`): `prepare` (log π_old), the unpacked `update`, and the packed
+them (`training/plan/programs.build_world`): `prepare` (log π_old), the unpacked `update`, and the packed
 update's stages. `tests/benchmarks/test_lowering.py` guards the decode loop at a tiny shape.
 """
 

@@ -7,7 +7,7 @@
 
 Step `i` reads only the step index, the parameters and the optimizer state: the rows it plays and
 the randomness of its episodes are functions of `i`. A run resumed from a checkpoint of `(state, i)`
-(`training/checkpoint.Checkpointer`, the same files as `dapo-jax train`'s) therefore continues
+(`training/state/checkpoint.Checkpointer`, the same files as `dapo-jax train`'s) therefore continues
 exactly as the uninterrupted run (the test compares the parameters bit for bit).
 
 The outcome reward of an episode is its environment's `reward()`, else `reward_fn` (a reward function

@@ -25,6 +25,7 @@ from typing import Callable
 
 import numpy as np
 
+from dapo_jax.data.stream import PromptBatch
 from dapo_jax.training.source_metrics import length_by_outcome
 
 
@@ -254,8 +255,6 @@ class StreamedRounds:
 
     def __init__(self, sampler, params, stream, key, *, max_prompts: int, score: Callable,
                  need: int | None = None, keep_fn: Callable[[Groups], np.ndarray] | None = None):
-        from dapo_jax.data.stream import PromptBatch
-
         self._sampler = sampler
         kept = judged = 0  # this stream's groups kept by `keep_fn` (all without one), and handed out
 

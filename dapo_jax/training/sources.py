@@ -15,17 +15,21 @@ on changed data (`data.stream.StreamMismatch`, exit 2) unless `data.accept_chang
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from pathlib import Path
-
+from dapo_jax.data.cot import cot_rows
+from dapo_jax.data.countdown import countdown_rows
 from dapo_jax.data.datasets import FORMATS, DataError, Problem, load_problems, to_problems
-from dapo_jax.rewards.custom import CustomReward, CustomRewardError, is_custom_name, make_custom_reward
+from dapo_jax.data.stream import PromptStream
+from dapo_jax.data.synthetic import synthetic_rows
+from dapo_jax.rewards import make_reward
+from dapo_jax.rewards.custom import is_custom_name, make_custom_reward
 from dapo_jax.rewards.custom import label as custom_label
 from dapo_jax.rewards.pipeline import NonFiniteReward, RewardPipeline
-from dapo_jax.rewards.reward_model import LearnedReward
+from dapo_jax.rewards.reward_model import LEARNED_REWARDS, LearnedReward, make_learned_reward
 from dapo_jax.training.config.run import BUILT_IN_TASKS, REPO_ROOT, resolve_path
 
 __all__ = ["DataError", "load_source", "make_stream", "resume_stream", "source_path", "decode_responses", "make_scorer"]
@@ -44,10 +48,6 @@ def load_source(source, *, seed: int = 0) -> list[Problem]:
     """The problems of one configured source (a built-in task: `synthetic` or `cot`, a file, a folder
     or a hub name)."""
     if source.name in BUILT_IN_TASKS:
-        from dapo_jax.data.cot import cot_rows
-        from dapo_jax.data.countdown import countdown_rows
-        from dapo_jax.data.synthetic import synthetic_rows
-
         make_rows = {"synthetic": synthetic_rows, "cot": cot_rows, "countdown": countdown_rows}[source.name]
         split = "heldout" if source.split in ("test", "heldout") else source.split
         try:
@@ -87,8 +87,6 @@ def make_stream(source, tokenizer, *, max_prompt_length: int, seed: int, shuffle
     """A resumable `dapo_jax.data.PromptStream` whose batches are `[n, max_prompt_length]`; `key` names
     the source's config section in its saved identity and errors. `seed` draws a built-in task's problems,
     `order_seed` (default `seed`) the order they are visited in."""
-    from dapo_jax.data.stream import PromptStream
-
     problems = load_source(source, seed=seed)
     path = source_path(source)
     identity = {"key": key, "name": source.name, "path": str(path) if path is not None else None}
@@ -214,9 +212,6 @@ def make_scorer(reward_cfg, objective, *, tokenizer=None, max_length: int | None
     default row length); `key`:
     the config section, for errors (a mixture source's: `data.sources.NAME.reward`).
     """
-    from dapo_jax.rewards import make_reward
-    from dapo_jax.rewards.reward_model import LEARNED_REWARDS, make_learned_reward
-
     right = reward_cfg.right if reward_cfg.right is not None else objective.reward_correct
     wrong = reward_cfg.wrong if reward_cfg.wrong is not None else objective.reward_wrong
     functions = []

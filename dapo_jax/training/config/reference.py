@@ -24,6 +24,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from dapo_jax.objectives.config import ObjectiveConfig
 from dapo_jax.training.config.run import REPO_ROOT, ObjectiveSection, RunConfig, section_model
 
 DOC = REPO_ROOT / "docs" / "configuration.md"
@@ -205,8 +206,6 @@ def _section(key: str, cls: type[BaseModel], level: int, field=None) -> list[str
 
 def render() -> str:
     """The whole reference, as docs/configuration.md holds it."""
-    from dapo_jax.objectives.config import ObjectiveConfig
-
     lines = [HEADER, "Sections: " + ", ".join(f"[`{k}`](#{k})" for k in RunConfig.model_fields) + ".", ""]
     for name, field in RunConfig.model_fields.items():
         sub = section_model(field.annotation)

@@ -22,6 +22,15 @@ import pydantic
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
+from dapo_jax.objectives.config import ObjectiveConfig
+from dapo_jax.objectives.off_policy import recompute_old_logp
+from dapo_jax.objectives.registry import CONFIG_DIR as OBJECTIVES, load_objective
+from dapo_jax.rewards import REWARDS
+from dapo_jax.rewards.custom import is_custom_name
+from dapo_jax.rewards.reward_model import LEARNED_REWARDS
+from dapo_jax.rewards.steps import STEP_REWARDS
+from dapo_jax.training.group_filter import GroupFilter
+
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 # The folder holding the package: the checkout in a clone or an editable install, site-packages in a
 # wheel install. Relative paths the packaged recipes name (`dapo_jax/assets/tiny_base`) resolve there.
@@ -132,9 +141,6 @@ class ObjectiveSection(_Section):
 
     def build(self, *, max_response_length: int | None = None):
         """The `ObjectiveConfig` this section names; `max_response_length` fills the objective's if unset."""
-        from dapo_jax.objectives.config import ObjectiveConfig
-        from dapo_jax.objectives.registry import load_objective
-
         for key in self.overrides:
             if key not in ObjectiveConfig.model_fields:
                 raise _KeyedError(key, f"unknown objective key{did_you_mean(key, ObjectiveConfig.model_fields)}")
@@ -396,11 +402,6 @@ class RunConfig(_Section):
              f"train_batch={r.train_batch} must split into the critic's num_minibatches x micro_batches x the "
              f"mesh's data*fsdp={shards}"),
         ]
-        from dapo_jax.rewards import REWARDS
-        from dapo_jax.rewards.reward_model import LEARNED_REWARDS
-
-        from dapo_jax.rewards.custom import is_custom_name
-
         known = (*REWARDS, *LEARNED_REWARDS)
         checks += [(f"reward.functions.{i}.name", f.name in known or is_custom_name(f.name),
                     f"unknown reward {f.name!r}; known: {known}, or your own as module:function, "
@@ -421,8 +422,6 @@ class RunConfig(_Section):
         try:
             objective = self.objective.build(max_response_length=r.max_new_tokens)
             if objective.gfpo:  # GFPO keeps k of the G generated responses: k <= G
-                from dapo_jax.training.group_filter import GroupFilter
-
                 GroupFilter(objective, group_size=r.G)
         except _KeyedError as e:
             raise _KeyedError(f"objective.{e.key}", e.msg) from e
@@ -438,8 +437,6 @@ class RunConfig(_Section):
         if o.packing and objective.kind == "gdpo":
             raise _KeyedError("optim.packing", "kind='gdpo' is not supported packed (its groups_used metric counts "
                               "the batch's prompts): set optim.packing=false")
-        from dapo_jax.rewards.steps import STEP_REWARDS
-
         has_prm = any(f.name == "process_reward_model" for f in self.reward.functions)
         if objective.needs_step_rewards and self.reward.functions[0].name not in STEP_REWARDS and not has_prm:
             raise _KeyedError("reward.functions.0.name", f"advantage={objective.advantage!r} needs step rewards, and "
@@ -505,8 +502,6 @@ class RunConfig(_Section):
         `rollout.max_new_tokens` unless the objective sets `max_response_length`). The band usually comes
         from a recipe or a run config the user did not write, so the error says which knob to turn and
         which file (or the command line) set the band."""
-        from dapo_jax.objectives.registry import load_objective
-
         try:
             recipe = load_objective(self.objective.name)
         except (ValueError, TypeError, KeyError, FileNotFoundError, pydantic.ValidationError):
@@ -552,8 +547,6 @@ class RunConfig(_Section):
     def recompute_old_logp(self) -> bool:
         """`rollout.recompute_old_logp` when set, else recompute when the sampler and the trainer compute
         in different dtypes or an off-policy correction needs π_old apart from μ (`off_policy.recompute_old_logp`)."""
-        from dapo_jax.objectives.off_policy import recompute_old_logp
-
         objective = self.objective_config
         if objective.off_policy_bypass and self.rollout.recompute_old_logp is None:
             return False  # bypass mode: π_old is the sampler's (objectives/config.py)
@@ -582,8 +575,6 @@ class RunConfig(_Section):
 
 
 def _recipe_file(name: str) -> str:
-    from dapo_jax.objectives.registry import CONFIG_DIR as OBJECTIVES
-
     path = Path(name) if name.endswith((".yaml", ".yml")) else OBJECTIVES / f"{name}.yaml"
     try:
         return str(path.relative_to(REPO_ROOT))

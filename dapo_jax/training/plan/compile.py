@@ -34,6 +34,7 @@ import math
 import os
 import re
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
@@ -119,8 +120,6 @@ def extrapolate(f0: Figures, f1: Figures, l0: int, l1: int, layers: int) -> Figu
 
 
 def package_versions() -> str:
-    from importlib import metadata
-
     out = [f"jax {jax.__version__}"]
     for name in ("jaxlib", "libtpu"):
         try:

@@ -4,9 +4,9 @@ programs, for this machine's devices or a TPU slice by name, before anything is 
     p = make_plan(cfg, topology="v5p-64")       # compiles the run's programs for 32 compile-only v5p devices
     print(format_plan(p)); p.fits               # dapo-jax plan exits 0 if it fits, 3 if not
 
-Nothing is loaded or allocated: `plan_programs.build_world` lays out the abstract run and its programs
+Nothing is loaded or allocated: `programs.build_world` lays out the abstract run and its programs
 (the trainer's own factories, `training/update/programs.py`), each is lowered and compiled ahead of time for the
-mesh, and `memory_analysis()` gives its per-device bytes (`plan_compile.py`). Per device, a phase holds
+mesh, and `memory_analysis()` gives its per-device bytes (`compile.py`). Per device, a phase holds
 what stays resident (parameters, optimizer state, a LoRA run's frozen base, the reference policy, the
 critic's state) plus what its largest program adds while it runs:
 
@@ -19,7 +19,7 @@ scoring (its frozen weights resident for the whole run, `training/plan/reward_mo
 rollout runs during the update, on a copy of the parameters ("update + overlapped rollout").
 
 A model of more than three layers whose programs run their layers as a scan is compiled at 2 and 3 layers
-and extrapolated per layer (`plan_compile.extrapolate`: exact for a scan; `--exact` compiles the whole
+and extrapolated per layer (`compile.extrapolate`: exact for a scan; `--exact` compiles the whole
 model); on a TPU, a program the line gives under `SMALL` temporaries at the full depth is compiled whole
 (at 2 or 3 layers it may keep buffers in on-chip VMEM, which memory_analysis leaves out). A program the
 TPU compiler refuses for lack of memory gives its "required" bytes as temporaries.
@@ -36,9 +36,16 @@ from pathlib import Path
 
 import jax
 
+from dapo_jax.models.sharding import check_divisible
+from dapo_jax.parallel.mesh import make_mesh
 from dapo_jax.training.config.run import ConfigError, RunConfig
+from dapo_jax.training.plan.chips import chip_for
+from dapo_jax.training.plan.compile import (Figures, GiB, cache_dir, extrapolate, lower_for, package_versions,
+                                            shard_bytes)
+from dapo_jax.training.plan.estimate import step_time
 from dapo_jax.training.plan.model_config import critic_model_config, plan_model_config
-from dapo_jax.training.plan.compile import GiB, Figures, cache_dir, extrapolate, lower_for, package_versions
+from dapo_jax.training.plan.programs import build_world, num_params
+from dapo_jax.training.plan.slices import parse_slice, topology_devices
 
 EXTRAPOLATE_FROM = (2, 3)  # layers compiled when extrapolating (a scan needs 2 or more)
 SAMPLER_PHASES = ("rollout", "eval rollout")  # programs whose layers are unrolled: no exact line in the depth
@@ -60,7 +67,7 @@ class ProgramPlan:
     compile_s: float
     cached: bool
     layers: tuple[int, ...]  # the layer counts it was compiled at
-    bounded_by: str | None = None  # not compiled: its figures are this program's, an upper bound (plan_programs.Job)
+    bounded_by: str | None = None  # not compiled: its figures are this program's, an upper bound (programs.Job)
 
     @property
     def extrapolated(self) -> bool:
@@ -142,8 +149,6 @@ class Plan:
 
 def plan_devices(cfg: RunConfig, topology: str | None = None):
     """`(devices, Slice or None)`: a TPU slice's compile-only devices, or this host's."""
-    from dapo_jax.training.plan.slices import parse_slice, topology_devices
-
     if topology is None:
         return jax.devices(), None
     s = parse_slice(topology)
@@ -151,8 +156,6 @@ def plan_devices(cfg: RunConfig, topology: str | None = None):
 
 
 def make_mesh_for(cfg: RunConfig, devices, target: str):
-    from dapo_jax.parallel.mesh import make_mesh
-
     m = cfg.mesh
     n = m.data * m.fsdp * m.tensor
     if n > len(devices):
@@ -186,9 +189,6 @@ def make_plan(cfg: RunConfig, *, topology: str | None = None, device_memory_gib:
     `topology` (e.g. "v5p-64"), on abstract inputs, and adds them up per phase (module docstring).
     `estimate`: `estimate.step_time`'s options, or None for no time estimate; `jobs`: programs compiled at
     once (default: the CPU cores, at most 4; XLA compiles one program on one core)."""
-    from dapo_jax.models.sharding import check_divisible
-    from dapo_jax.training.plan.programs import build_world, num_params
-
     log = log or (lambda *_: None)
     jobs = jobs or min(4, os.cpu_count() or 1)
     model_cfg, source = plan_model_config(cfg, model_config)
@@ -288,9 +288,6 @@ def make_plan(cfg: RunConfig, *, topology: str | None = None, device_memory_gib:
                           f"was measured from {ROLLOUT_LINE_LOW:.0%} low to 28% high (docs/long_context.md); --exact "
                           "gives their exact figures")
     if estimate is not None:
-        from dapo_jax.training.plan.chips import chip_for
-        from dapo_jax.training.plan.estimate import step_time
-
         chip = tpu_slice.chip if tpu_slice else chip_for(devices[0].device_kind)  # a local GPU's, or None on a CPU
         plan.estimate = step_time(cfg, model_cfg, mesh=dict(mesh.shape), chip=chip,
                                   devices=n, share_prompts=full.programs.share_prompts, **estimate)
@@ -313,8 +310,6 @@ def compile_whole(by_layers: dict[int, Figures], layers: int, *, platform: str) 
 
 
 def shard_bytes_of(tree) -> int:
-    from dapo_jax.training.plan.compile import shard_bytes
-
     return shard_bytes(tree)
 
 

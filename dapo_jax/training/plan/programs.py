@@ -25,8 +25,23 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from dapo_jax.data.packing import tail_heights
+from dapo_jax.models.decoder import Decoder
+from dapo_jax.models.generation_config import GenerationConfig
+from dapo_jax.models.lora import add_lora
+from dapo_jax.models.sharding import partition_spec, path_str
+from dapo_jax.models.value_head import ValueModel
+from dapo_jax.objectives.process import StepRewards
+from dapo_jax.parallel.mesh import batch_sharding
+from dapo_jax.training.build import sampling_config
 from dapo_jax.training.config.run import RunConfig
 from dapo_jax.training.plan.compile import shard_bytes
+from dapo_jax.training.plan.model_config import critic_model_config
+from dapo_jax.training.plan.reward_models import reward_model_shapes
+from dapo_jax.training.update.critic import Critic
+from dapo_jax.training.update.lora import PolicyWeights
+from dapo_jax.training.update.programs import build_programs, run_optimizer
+from dapo_jax.training.update.train_step import TrainState
 
 
 @dataclasses.dataclass
@@ -57,8 +72,6 @@ def _sds(x, sharding):
 
 def place_params(state, mesh, *, prefix: str = ""):
     """Abstract parameters laid out by `models.sharding.PARTITION_RULES` (paths below `prefix`; others replicated)."""
-    from dapo_jax.models.sharding import partition_spec, path_str
-
     def place(path, v):
         name = path_str(path)
         value = v.get_value() if hasattr(v, "get_value") else v.value
@@ -104,8 +117,6 @@ class World:
 
     @property
     def rows(self) -> NamedSharding:
-        from dapo_jax.parallel.mesh import batch_sharding
-
         return batch_sharding(self.mesh)
 
     def batched(self, shape, dtype):
@@ -203,8 +214,6 @@ class World:
                 b((pb, g, *parts), jnp.float32), b((pb, g), jnp.bool_))
         kwargs = {}
         if cfg.objective_config.needs_step_rewards:
-            from dapo_jax.objectives.process import StepRewards
-
             kwargs["steps"] = StepRewards(b((pb, g, t), jnp.float32), b((pb, g, t), jnp.int32), b((pb, g, t), jnp.float32))
         if self.critic_state is not None:
             kwargs.update(critic_params=self.critic_state.params, correct=b((pb, g), jnp.bool_))
@@ -231,8 +240,6 @@ class World:
             return [Job("update", "update", p.train_step, (state, batch), kwargs, resident=(state, kwargs),
                         attention=p.attention["update"],
                         shape=f"{words}, S+T {cfg.data.max_prompt_length + r.max_new_tokens}")]
-        from dapo_jax.data.packing import tail_heights
-
         step = p.train_step
         progs, frozen = step.programs, self.policy.frozen
         pb, g, t = batch.response_ids.shape
@@ -301,8 +308,6 @@ def _with_layout(acc, params, mesh):
 def _unadapted(merged, adapters) -> list:
     """The leaves of the sampler's merged state that are the base's own arrays (not the kernels LoRA adapts,
     which are new arrays during a rollout)."""
-    from dapo_jax.models.sharding import path_str
-
     adapted = {path_str(path).rsplit("/lora/", 1)[0] + "/kernel" for path, _ in nnx.to_flat_state(adapters)
                if path_str(path).endswith("lora_a")}
     return [v.get_value() if hasattr(v, "get_value") else v.value for path, v in nnx.to_flat_state(merged)
@@ -316,14 +321,6 @@ def fake_tokenizer(model_cfg):
 
 def build_world(cfg: RunConfig, model_cfg, mesh) -> World:
     """The abstract run of `model_cfg` on `mesh`: parameters, optimizer state, reference, critic and programs."""
-    from dapo_jax.models.decoder import Decoder
-    from dapo_jax.models.generation_config import GenerationConfig
-    from dapo_jax.models.lora import add_lora
-    from dapo_jax.training.update.lora import PolicyWeights
-    from dapo_jax.training.build import sampling_config
-    from dapo_jax.training.update.programs import build_programs, run_optimizer
-    from dapo_jax.training.update.train_step import TrainState
-
     objective = cfg.objective_config
     lora = cfg.lora
 
@@ -355,19 +352,11 @@ def build_world(cfg: RunConfig, model_cfg, mesh) -> World:
                                   scfg=sampling_config(cfg, tok, model_cfg, generation=gen),
                                   eval_scfg=sampling_config(cfg, tok, model_cfg, eval_mode=True, generation=gen),
                                   critic=critic, reward_weights=tuple(float(f.weight) for f in cfg.reward.functions))
-    from dapo_jax.training.plan.reward_models import reward_model_shapes
-
     return World(cfg, model_cfg, mesh, policy, programs, state, reference, critic_state, reward_model_shapes(cfg, mesh))
 
 
 def _abstract_critic(cfg: RunConfig, model_cfg, mesh):
     """The critic (training/update/critic.py) of an abstract value model: the trunk by the rules, the head replicated."""
-    from dapo_jax.models.decoder import Decoder
-    from dapo_jax.models.value_head import ValueModel
-    from dapo_jax.training.update.critic import Critic
-    from dapo_jax.training.plan.model_config import critic_model_config
-    from dapo_jax.training.update.train_step import TrainState
-
     # the policy's model (at the depth this world is compiled at), or critic.path's when it names another
     # (make_plan then compiles every layer: the two have no common line in the layers)
     trunk = critic_model_config(cfg, model_cfg)

@@ -19,6 +19,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from dapo_jax.rewards.reward_model import LearnedReward
+from dapo_jax.training.plan.compile import shard_bytes
+from dapo_jax.training.sources import make_scorer
+
 __all__ = ["RewardModelPlan", "reward_model_shapes"]
 
 
@@ -35,10 +39,6 @@ class RewardModelPlan(NamedTuple):
 def reward_model_shapes(cfg, mesh) -> list[RewardModelPlan]:
     """Every learned reward of the run config `cfg` on `mesh` (empty when it has none); raises the
     run's own `DataError` (one line naming `reward.functions.N`) for a folder that cannot be one."""
-    from dapo_jax.rewards.reward_model import LearnedReward
-    from dapo_jax.training.plan.compile import shard_bytes
-    from dapo_jax.training.sources import make_scorer
-
     scorer = make_scorer(cfg.reward, cfg.objective_config,
                          max_length=cfg.data.max_prompt_length + cfg.rollout.max_new_tokens)
     plans = []

@@ -17,10 +17,16 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+
+from dapo_jax.parallel.mesh import make_mesh
 from dapo_jax.training.config.run import ConfigError, RunConfig, config_from_dict
+from dapo_jax.training.plan.compile import GiB
 from dapo_jax.training.plan.memory import Plan, make_plan
 from dapo_jax.training.plan.model_config import plan_model_config
-from dapo_jax.training.plan.compile import GiB
+from dapo_jax.training.plan.programs import build_world
+from dapo_jax.training.plan.report import format_plan, gib, plan_dict
+from dapo_jax.training.plan.slices import parse_family, slices_of
 
 
 @dataclasses.dataclass
@@ -76,11 +82,6 @@ def _divisors(n: int) -> list[int]:
 
 def resident_bytes(cfg: RunConfig, model_cfg) -> int:
     """The run's resident state in bytes on ONE device (nothing sharded): parameters, optimizer, reference, critic."""
-    import jax
-
-    from dapo_jax.parallel.mesh import make_mesh
-    from dapo_jax.training.plan.programs import build_world
-
     one = with_mesh(cfg, 1, 1, 1)
     world = build_world(one, model_cfg, make_mesh(1, 1, 1, devices=jax.devices()[:1]))
     return sum(world.resident().values())
@@ -88,8 +89,6 @@ def resident_bytes(cfg: RunConfig, model_cfg) -> int:
 
 def search(cfg: RunConfig, family: str, *, meshes_per_size: int = 2, log=None, model_config=None, **plan_options) -> SearchResult:
     """The smallest slice of `family` (e.g. "v5p") that fits, and the next size up (module docstring)."""
-    from dapo_jax.training.plan.slices import parse_family, slices_of
-
     log = log or (lambda *_: None)
     chip = parse_family(family.split("-")[0])
     if chip is None:
@@ -134,8 +133,6 @@ def _plan_size(cfg, model_cfg, s, whole: int, limit: int, tried: list, log, mode
 
 
 def format_search(result: SearchResult) -> str:
-    from dapo_jax.training.plan.report import format_plan, gib
-
     lines = [f"dapo-jax plan --search over {result.family}:"]
     for c in result.tried:
         mesh = f"data {c.mesh[0]} x fsdp {c.mesh[1]} x tensor {c.mesh[2]}" if c.mesh[0] else "-"
@@ -144,7 +141,7 @@ def format_search(result: SearchResult) -> str:
         else:
             p = c.plan
             state = "fits" if p.fits else "does not fit: " + ", ".join(x.name for x in p.over())
-            uncertain = p.uncertain() if p.fits else []  # the verdict's flag (plan_report.verdict_lines)
+            uncertain = p.uncertain() if p.fits else []  # the verdict's flag (report.verdict_lines)
             if uncertain:
                 state += " (" + ", ".join(x.name for x, _ in uncertain) + " within the rollout line's error)"
             lines.append(f"  {c.slice_name:<12} {mesh:<32} peak {gib(p.peak)} GiB ({p.peak_phase}) of "
@@ -161,8 +158,6 @@ def format_search(result: SearchResult) -> str:
 
 
 def search_dict(result: SearchResult) -> dict:
-    from dapo_jax.training.plan.report import plan_dict
-
     def cand(c: Candidate | None):
         if c is None:
             return None

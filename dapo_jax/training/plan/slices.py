@@ -36,6 +36,7 @@ import re
 import sys
 import tempfile
 
+from dapo_jax.startup import quiet_libtpu, tpu_visible
 from dapo_jax.training.config.run import ConfigError
 
 GiB = 2**30
@@ -184,8 +185,6 @@ def compile_only_environment() -> None:
     """libtpu's settings for compiling without a TPU (read when its plugin starts): no metadata server to
     ask, one worker, and no one-process lock (`/tmp/libtpu_lockfile`: several plans, or test workers, may
     compile at once; nothing runs on a TPU)."""
-    from dapo_jax.startup import tpu_visible
-
     if tpu_visible():
         return
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
@@ -199,8 +198,6 @@ def quiet_tpu_environment() -> None:
     the TPU backend and print libtpu's warnings about the TPU it cannot find. Its backends are then the
     CPU's (unless JAX_PLATFORMS is set, or a GPU plugin is installed), and a TPU slice is still compiled
     for through libtpu's own topology API."""
-    from dapo_jax.startup import quiet_libtpu
-
     compile_only_environment()
     quiet_libtpu()  # what every command does at start (dapo_jax/startup.py); again, for a plan run in-process
 

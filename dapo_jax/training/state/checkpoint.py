@@ -65,7 +65,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from dapo_jax.training.state.failed_save import (CheckpointSaveError, errno_of, quiet_orbax_errors, release_orbax_threads,
-                                           save_failure)
+                                                 save_failure)
 
 log = logging.getLogger(__name__)
 

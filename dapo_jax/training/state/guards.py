@@ -18,7 +18,7 @@ waiting for the step (KeyboardInterrupt). Before the first step has completed th
 save: either signal then ends the process at once (a watcher thread woken by the signal, so that a
 long compile does not delay it past the scheduler's grace period, or keep a user waiting).
 
-The train step itself never applies a non-finite update (`train_step.py`); this module decides when
+The train step itself never applies a non-finite update (`training/update/train_step.py`); this module decides when
 the run as a whole has gone wrong.
 """
 

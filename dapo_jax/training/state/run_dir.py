@@ -13,15 +13,20 @@ for all.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
 from pathlib import Path
 
 import filelock
+import jax
+import pydantic_core
 import yaml
 
+from dapo_jax.objectives.config import ObjectiveConfig
 from dapo_jax.training.config.run import ConfigError, RunConfig, save_config
+from dapo_jax.training.state.failed_save import cause_of
 
 # Keys that may change between a run and its resume (they do not change the trajectory). The mesh
 # (`mesh.*`: its shape and the processes) is one of them: a checkpoint restores onto the new mesh's
@@ -44,8 +49,6 @@ class RunDir:
         self.round_changes: dict[str, tuple] | None = None  # a new round's changed keys: (before, after)
 
     def __enter__(self) -> "RunDir":
-        import jax
-
         self.path.mkdir(parents=True, exist_ok=True)
         if jax.process_index() != 0:  # one lock per run: process 0 holds it for all (shared file systems)
             return self
@@ -59,8 +62,6 @@ class RunDir:
             raise ConfigError(f"train.run_dir: {self.path} is in use by {who}; wait for it or choose another "
                               f"train.run_dir") from None
         except OSError as e:  # a full disk, a read-only folder: before anything else is written
-            from dapo_jax.training.state.failed_save import cause_of
-
             self.__exit__()
             raise ConfigError(f"train.run_dir: cannot write {self.path}'s lock ({os.path.basename(e.filename or '.lock')}): "
                               f"{cause_of(e)}") from None
@@ -107,10 +108,6 @@ class RunDir:
         """Appends the new round's line to RUN_DIR/rounds.jsonl: the round, the step it starts after, when,
         and each changed key's value before and after; keeps the config of the round that ended as
         RUN_DIR/config.round-(N-1).yaml."""
-        import json
-
-        import jax
-
         path = self.path / "rounds.jsonl"
         if jax.process_index() != 0:
             return path
@@ -124,8 +121,6 @@ class RunDir:
         return path
 
     def save_config(self) -> Path:
-        import jax
-
         path = self.path / "config.yaml"
         return save_config(self.cfg, self.path) if jax.process_index() == 0 else path
 
@@ -136,10 +131,6 @@ _NO_DEFAULT = object()
 def _default(key: str):
     """The default of the config field at a flat `section.field` key (objective fields: ObjectiveConfig's),
     or a sentinel equal to nothing when there is none."""
-    import pydantic_core
-
-    from dapo_jax.objectives.config import ObjectiveConfig
-
     parts = key.split(".")
     model = RunConfig
     if parts[0] == "objective" and len(parts) == 2:

@@ -33,8 +33,10 @@ from dapo_jax.objectives.diagnostics import combine_stacked, finalize_metrics
 from dapo_jax.objectives.gae import advantages_and_targets, value_loss
 from dapo_jax.objectives.nll import nll_weights
 from dapo_jax.objectives.registry import AGGREGATIONS
-from dapo_jax.training.update.train_step import (Batch, TrainState, _split, finite_update, init_train_state, make_optimizer,
-                                         map_prompt_chunks)
+from dapo_jax.parallel.mesh import jit_keeping_layout
+from dapo_jax.training.config.run import resolve_path
+from dapo_jax.training.update.train_step import (Batch, TrainState, _split, finite_update, init_train_state,
+                                                 make_optimizer, map_prompt_chunks)
 
 
 class CriticBatch(NamedTuple):
@@ -107,8 +109,6 @@ def make_critic_step(graphdef, tx: optax.GradientTransformation, schedule: optax
         metrics.update({f"critic/{k}": v for k, v in finalize_metrics(combine_stacked(pairs)).items()})
         return TrainState(params, opt_state, step, skipped), metrics
 
-    from dapo_jax.parallel.mesh import jit_keeping_layout
-
     return jit_keeping_layout(step_fn, donate_argnums=0)  # as the policy's: the state keeps its layout, committed
 
 
@@ -127,8 +127,6 @@ class Critic:
     def build(cls, cfg, mesh) -> "Critic":
         """From a `RunConfig`: the value model from `critic.path` (default `model.path`) on `mesh`,
         AdamW by the `critic` section (cosine horizon: train steps + pre-training steps)."""
-        from dapo_jax.training.config.run import resolve_path
-
         model = load_value_model(resolve_path(cfg.critic_optim.path or cfg.model.path), mesh=mesh, seed=cfg.train.seed,
                                  param_dtype=cfg.model.param_dtype, dtype=cfg.model.dtype, remat=cfg.model.remat,
                                  attention=cfg.model.attention)

@@ -17,6 +17,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from dapo_jax.models.checks import check_finite_weights, check_tokenizer_fits
+from dapo_jax.models.hf_io import load_pretrained, load_tokenizer
+from dapo_jax.objectives.distill import reverse_kl_metric
 from dapo_jax.training.config.run import ConfigError, RunConfig, resolve_path
 
 
@@ -35,8 +38,6 @@ def _teacher_path(cfg: RunConfig):
 
 def check_teacher(cfg: RunConfig, tokenizer) -> None:
     """Refuses, in one line naming `distill.teacher`, a teacher whose tokenizer is not the policy's."""
-    from dapo_jax.models.hf_io import load_tokenizer
-
     path = _teacher_path(cfg)
     try:
         theirs = load_tokenizer(path)
@@ -52,9 +53,6 @@ def check_teacher(cfg: RunConfig, tokenizer) -> None:
 
 def load_teacher(cfg: RunConfig, mesh, tokenizer) -> Teacher:
     """The teacher's weights on `mesh`, checked (finite, its vocabulary holds the tokenizer's ids)."""
-    from dapo_jax.models.checks import check_finite_weights, check_tokenizer_fits
-    from dapo_jax.models.hf_io import load_pretrained
-
     path = _teacher_path(cfg)
     model = load_pretrained(path, mesh=mesh, param_dtype=cfg.model.param_dtype, dtype=cfg.model.dtype,
                             remat=cfg.model.remat, attention=cfg.model.attention)
@@ -67,8 +65,6 @@ def load_teacher(cfg: RunConfig, mesh, tokenizer) -> Teacher:
 @jax.jit
 def reverse_kl_mean(old_logp, teacher_logp, mask):
     """The batch's token-mean `log π_old − log π_T` over the response mask (the metric `distill/reverse_kl`)."""
-    from dapo_jax.objectives.distill import reverse_kl_metric
-
     value, count = reverse_kl_metric(old_logp, teacher_logp, mask)
     return value / jnp.maximum(count, 1.0)
 

@@ -37,16 +37,18 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from dapo_jax.data.packing import pack_with_tail, tail_heights
+from dapo_jax.models.logprobs import token_logprobs
 from dapo_jax.objectives.diagnostics import combine_metrics
+from dapo_jax.objectives.loss import objective_terms
+from dapo_jax.parallel.host import to_host
 from dapo_jax.parallel.mesh import committed, jit_keeping_layout
+from dapo_jax.training.update.compile_ahead import compiled_outputs
 from dapo_jax.training.update.train_step import (Batch, TrainState, _joined, apply_accumulated, batch_level_statistics,
-                                         batch_statistics_of, policy_logprobs, step_metrics, with_pass_values)
+                                                 batch_statistics_of, policy_logprobs, step_metrics, with_pass_values)
 
 
 def packed_logprobs(model, tokens, segment_ids, positions, targets, *, temperature, branch_ids=None):
     """log π(target) and entropy `[R, L]` at every packed position (one model call on the chunk)."""
-    from dapo_jax.models.logprobs import token_logprobs
-
     hidden, _ = model(tokens, positions, (segment_ids > 0).astype(jnp.int32), segment_ids=segment_ids,
                       branch_ids=branch_ids)
     w = model.output_embedding().astype(model.config.dtype)  # same casts as response_logprobs
@@ -78,7 +80,7 @@ def make_packed_train_step(
     share_prompts: a group's responses in one row share one copy of the prompt (`data/packing.py`).
     """
     if loss_terms is None:
-        from dapo_jax.objectives.loss import objective_terms as loss_terms
+        loss_terms = objective_terms
     put = put or jnp.asarray
     quantile = getattr(objective, "high_entropy_quantile", None)
     eda = bool(getattr(objective, "entropy_driven_advantage", False))
@@ -165,8 +167,6 @@ def make_packed_train_step(
 
     def step(state: TrainState, batch: Batch, frozen=None):
         """`frozen`: weights merged with `state.params` but not trained (LoRA's base), as train_step's."""
-        from dapo_jax.parallel.host import to_host
-
         nonlocal first_call
 
         if batch.context_mask is not None:  # it packs the trained tokens only: a tool answer would vanish
@@ -207,8 +207,6 @@ def make_packed_train_step(
         layouts (`jax.ShapeDtypeStruct`s, training/update/compile_ahead.py): the small programs here, then the
         chunk heights and the update as `(name, compile)` jobs. `step` then finds every program compiled;
         its first call still runs the chunk heights its batch does not use, on empty chunks."""
-        from dapo_jax.training.update.compile_ahead import compiled_outputs
-
         state = committed(state)
         p, g, t = batch.response_ids.shape
         rows, tail, length = _chunk_shape(batch.prompt_ids.shape[1], (p, g, t), num_minibatches * micro_batches,

@@ -28,13 +28,22 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from dapo_jax.training.config.run import RunConfig
+from dapo_jax.models.attention import AttentionUnavailable, describe, resolve, supports_branches
+from dapo_jax.models.decoder import Decoder
+from dapo_jax.objectives.distill import distill_advantages
+from dapo_jax.objectives.loss import compute_advantages, token_kl
+from dapo_jax.parallel.host import to_global
+from dapo_jax.parallel.mesh import batch_divisor, batch_sharding
+from dapo_jax.sampling.continuous import ContinuousSampler, default_refill
+from dapo_jax.sampling.sampler import make_generate
+from dapo_jax.training.config.run import ConfigError, RunConfig
+from dapo_jax.training.update.packed_step import make_packed_train_step
+from dapo_jax.training.update.train_step import (Batch, make_logprob_fn, make_optimizer, make_train_step,
+                                                 map_prompt_chunks)
 
 
 def resolve_attention(name: str, *, platform: str, seq_len: int) -> str:
     """The attention implementation `model.attention=name` runs as (models/attention.py's `resolve`)."""
-    from dapo_jax.models.attention import resolve
-
     return resolve(name, platform=platform, seq_len=seq_len)
 
 
@@ -47,9 +56,6 @@ def attention_lengths(cfg: RunConfig) -> dict[str, int]:
 
 def attention_report(cfg: RunConfig, mesh) -> str:
     """Which attention implementation each program uses (a ConfigError when model.attention cannot run here)."""
-    from dapo_jax.models.attention import AttentionUnavailable, describe
-    from dapo_jax.training.config.run import ConfigError
-
     try:
         return describe(cfg.model.attention, mesh_platform(mesh), attention_lengths(cfg))
     except AttentionUnavailable as e:
@@ -59,8 +65,6 @@ def attention_report(cfg: RunConfig, mesh) -> str:
 def update_shares_prompts(cfg: RunConfig, mesh) -> bool:
     """Whether the packed update's attention can share a group's prompt (branch ids): splash and gpu_flash
     cannot, and the update then packs each response with its own copy of the prompt (same result)."""
-    from dapo_jax.models.attention import supports_branches
-
     impl = resolve_attention(cfg.model.attention, platform=mesh_platform(mesh), seq_len=attention_lengths(cfg)["update"])
     return supports_branches(impl)
 
@@ -71,8 +75,6 @@ def mesh_platform(mesh) -> str:
 
 def run_optimizer(cfg: RunConfig):
     """`(tx, schedule)` of the policy: AdamW over `train.steps x num_minibatches` optimizer updates."""
-    from dapo_jax.training.update.train_step import make_optimizer
-
     o = cfg.optim
     return make_optimizer(o, decay_steps=cfg.train.steps * o.num_minibatches)
 
@@ -81,8 +83,6 @@ def sampler_graphdef(cfg: RunConfig, graphdef, model_cfg):
     """The model run in `rollout.sampler_dtype` (same parameters, another compute dtype), or `graphdef`."""
     if cfg.sampler_dtype == model_cfg.dtype:
         return graphdef
-    from dapo_jax.models.decoder import Decoder
-
     sampler_cfg = model_cfg.replace(dtype=cfg.sampler_dtype)
     return nnx.split(nnx.eval_shape(lambda: Decoder(sampler_cfg, rngs=nnx.Rngs(0))))[0]
 
@@ -97,7 +97,7 @@ class RunPrograms:
     logprob: Callable  # (trainer params, prompt_ids, prompt_mask, response_ids, response_mask) -> (logp, entropy)
     prepare: Callable  # jitted: log π_old / π_ref recomputed, advantages (and the critic's batch)
     train_step: Callable  # (TrainState, Batch, frozen=None) -> (TrainState, metrics); packed or unpacked
-    critic: Any  # training.critic.Critic, or None
+    critic: Any  # training.update.critic.Critic, or None
     packed: bool
     share_prompts: bool  # packed: a group's responses share one copy of its prompt
     attention: dict[str, str]  # program -> the attention implementation it runs
@@ -111,14 +111,7 @@ def build_programs(cfg: RunConfig, *, policy, model_cfg, mesh, tx, schedule, scf
     None; prompt_width: the widest prompt bucket (continuous batching's prefill width; default
     data.max_prompt_length); reward_weights: reward.functions' weights, with `multi_reward: normalize_then_sum`
     (the rewards then come per function, [P, G, K], and are normalised in their group on the device);
-    teacher: on-policy distillation's `training.distill.Teacher` (its graphdef), or None."""
-    from dapo_jax.parallel.host import to_global
-    from dapo_jax.parallel.mesh import batch_divisor, batch_sharding
-    from dapo_jax.sampling.continuous import ContinuousSampler, default_refill
-    from dapo_jax.sampling.sampler import make_generate
-    from dapo_jax.training.update.packed_step import make_packed_train_step
-    from dapo_jax.training.update.train_step import make_logprob_fn, make_train_step
-
+    teacher: on-policy distillation's `training.update.distill.Teacher` (its graphdef), or None."""
     objective, r, o = cfg.objective_config, cfg.rollout, cfg.optim
     lengths = attention_lengths(cfg)
     attention = {name: resolve_attention(cfg.model.attention, platform=mesh_platform(mesh), seq_len=lengths[key])
@@ -167,9 +160,6 @@ def make_prepare(objective, logprob_fn, critic=None, *, recompute_old_logp: bool
     (`train_step.map_prompt_chunks`, chunk j = prompts j, j + chunks, ... as the update's micro-batches):
     exact, as rows are independent, and its activations are a chunk's, not the batch's. P must divide
     into `chunks` (the run's train_batch does: config.py checks it for the update's split)."""
-    from dapo_jax.objectives.loss import compute_advantages, token_kl
-    from dapo_jax.training.update.train_step import Batch, map_prompt_chunks
-
     def logprobs(params, *rows):
         return map_prompt_chunks(lambda *r: logprob_fn(params, *r)[0], chunks, *rows)
 
@@ -195,8 +185,6 @@ def make_prepare(objective, logprob_fn, critic=None, *, recompute_old_logp: bool
         adv = compute_advantages(objective, rewards if steps is None else steps, response_mask, kl, valid=valid)
         adv = jnp.broadcast_to(adv[..., None] if adv.ndim == 2 else adv, response_mask.shape) * response_mask
         if teacher_params is not None:  # on-policy distillation: the teacher scores the student's tokens
-            from dapo_jax.objectives.distill import distill_advantages
-
             teacher_logp = map_prompt_chunks(lambda *r: teacher_logprob(teacher_params, *r)[0], chunks, *rows)
             adv = distill_advantages(adv, old_logp, teacher_logp, response_mask, coef=distill.coef,
                                      task_weight=distill.task_weight)

@@ -39,7 +39,13 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from dapo_jax.models.logprobs import response_logprobs
+from dapo_jax.objectives import loss
 from dapo_jax.objectives.diagnostics import combine_stacked, finalize_metrics
+from dapo_jax.objectives.entropy_advantage import entropy_normaliser
+from dapo_jax.objectives.loss import STATISTICS_KEY
+from dapo_jax.objectives.policy_loss import high_entropy_threshold
+from dapo_jax.parallel.mesh import jit_keeping_layout
 
 
 class TrainState(NamedTuple):
@@ -112,8 +118,6 @@ def batch_logprobs(graphdef, params, mb: Batch, *, temperature):
 def policy_logprobs(graphdef, params, prompt_ids, prompt_mask, response_ids, response_mask, *, temperature):
     """log π(response tokens) `[P, G, T]` and entropy `[P, G, T]`; each prompt `[P, S]` shared by its G responses.
     `params`: an nnx.State, or a tuple of States merged together (LoRA: `(frozen base, adapters)`)."""
-    from dapo_jax.models.logprobs import response_logprobs
-
     model = nnx.merge(graphdef, *params) if isinstance(params, tuple) else nnx.merge(graphdef, params)
     return response_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=temperature)
 
@@ -131,9 +135,6 @@ def batch_level_statistics(mini: Batch, logprobs: Callable, *, objective, stats_
                               mask=mini.response_mask, behaviour_logp=mini.behaviour_logp))
     if quantile is None and not eda and not policy_pass:
         return stats, None
-    from dapo_jax.objectives.entropy_advantage import entropy_normaliser
-    from dapo_jax.objectives.policy_loss import high_entropy_threshold
-
     logp, entropy = logprobs()
     values = {"entropy": entropy}
     if quantile is not None:
@@ -212,7 +213,7 @@ def make_train_step(
     defaults to `dapo_jax.objectives.loss.objective_terms`.
     """
     if loss_terms is None:
-        from dapo_jax.objectives.loss import objective_terms as loss_terms
+        loss_terms = loss.objective_terms
 
     quantile = getattr(objective, "high_entropy_quantile", None)
     eda = bool(getattr(objective, "entropy_driven_advantage", False))
@@ -274,16 +275,12 @@ def make_train_step(
         (params, opt_state, step, skipped), per_mini = jax.lax.scan(functools.partial(minibatch_update, frozen=frozen), carry, minis)
         return TrainState(params, opt_state, step, skipped), step_metrics(per_mini, skipped)
 
-    from dapo_jax.parallel.mesh import jit_keeping_layout
-
     return jit_keeping_layout(step_fn, donate_argnums=0)  # the state keeps its layout: nothing recompiles
 
 
 def batch_statistics_of(objective, loss_terms) -> tuple[Callable | None, bool]:
     """(the objective's batch-statistics function or None, whether it needs a policy pass), for the
     default `objective_terms` only (a custom `loss_terms` takes no statistics)."""
-    from dapo_jax.objectives import loss
-
     if loss_terms is not loss.objective_terms or not isinstance(objective, loss.ObjectiveConfig):
         return None, False
     if not loss.needs_batch_statistics(objective):
@@ -297,8 +294,6 @@ def statistics_priority(step, shape):
     Drawn in the mini-batch's prompt order `[P_mini, G, T]` (the packed step's layout); for a split
     shape `[micro_batches, P/m, G, T]` laid out as `_split` lays the prompts out (micro-batch j, row i
     = prompt i·m + j), so a token's draw does not depend on micro_batches."""
-    from dapo_jax.objectives.loss import STATISTICS_KEY
-
     key = jax.random.PRNGKey(STATISTICS_KEY)
     key = key if step is None else jax.random.fold_in(key, step)
     if len(shape) == 4:

@@ -4,12 +4,11 @@ student's samples; a teacher that is the student measures no KL; another tokeniz
 import math
 
 import pytest
+from tests.training.conftest import make_tiny_model
 
 from dapo_jax.training.config.run import load_config
 from dapo_jax.training.loop import train
 from dapo_jax.training.metrics import read_metrics
-
-from .conftest import make_tiny_model
 
 
 def distill_run(model_dir, run_dir, teacher, overrides_for, **extra):

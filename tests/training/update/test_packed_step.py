@@ -15,7 +15,7 @@ from dapo_jax.models.decoder import Decoder
 from dapo_jax.objectives.registry import load_objective
 from dapo_jax.training.metrics import compile_count
 from dapo_jax.training.update.packed_step import (default_chunk_rows, default_tail_rows, make_packed_train_step,
-                                          packed_logprobs, packing_stats)
+                                                  packed_logprobs, packing_stats)
 from dapo_jax.training.update.train_step import Batch, init_train_state, make_train_step
 
 P, G, S, T, V = 4, 3, 5, 6, 32
