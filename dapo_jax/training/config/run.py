@@ -31,7 +31,7 @@ from dapo_jax.rewards.reward_model import LEARNED_REWARDS
 from dapo_jax.rewards.steps import STEP_REWARDS
 from dapo_jax.training.group_filter import GroupFilter
 
-PACKAGE_DIR = Path(__file__).resolve().parents[1]
+PACKAGE_DIR = Path(__file__).resolve().parents[2]
 # The folder holding the package: the checkout in a clone or an editable install, site-packages in a
 # wheel install. Relative paths the packaged recipes name (`dapo_jax/assets/tiny_base`) resolve there.
 REPO_ROOT = PACKAGE_DIR.parent

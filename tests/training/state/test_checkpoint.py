@@ -29,7 +29,7 @@ from dapo_jax.training.state.checkpoint import (
 from dapo_jax.training.update.train_step import init_train_state
 from tests.training.state.checkpoint_killer import big_carry, big_state
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def state(seed, rows=8):

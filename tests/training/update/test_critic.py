@@ -22,7 +22,7 @@ from dapo_jax.training.config.run import OptimSection, load_config
 from dapo_jax.training.update.critic import CriticBatch, make_critic_step, policy_nll_weights
 from dapo_jax.training.update.train_step import Batch, _split, init_train_state, make_optimizer, make_train_step
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 P, G, S, T, V = 4, 3, 5, 6, 32
 OPTIM = OptimSection(lr=1e-2, weight_decay=0.0, grad_clip=None)
 

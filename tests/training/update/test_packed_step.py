@@ -19,7 +19,7 @@ from dapo_jax.training.update.packed_step import (default_chunk_rows, default_ta
 from dapo_jax.training.update.train_step import Batch, init_train_state, make_train_step
 
 P, G, S, T, V = 4, 3, 5, 6, 32
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def tiny_model(seed=0):
