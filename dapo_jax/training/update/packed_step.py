@@ -258,8 +258,8 @@ def default_tail_rows(rows: int, multiple: int = 1) -> int:
     R), so one tail of R/2 rows. On the main job (R = 32 rows of 192, responses of 18-139 tokens) half-height
     tails took the update from 0.72-0.74 s to 0.55 s; quarter steps (R/4, R/2, 3R/4) saved up to a tenth more
     per update but compile two more chunk programs, a third of the first step on a CPU (docs/benchmarks.md,
-    "Causal attention blocks and half-height tail chunks", "Shared prompts and quarter-height tails", "The
-    first minute"). `optim.packing_tail_rows` sets the step (R/4: quarter steps)."""
+    "The first step from a cold cache"; the tail chunks' runs of 2026-11-24 are in that page's git history).
+    `optim.packing_tail_rows` sets the step (R/4: quarter steps)."""
     half = -(-rows // 2)
     tail = -(-half // multiple) * multiple
     return tail if tail < rows else 0
