@@ -279,7 +279,7 @@ def plot(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
     seeds = sorted(results["runs"])
     for arm, color, label in (("tool", "tab:blue", "with calc"), ("no_tool", "tab:orange", "without (call gets ?)")):
         for ax, key in zip(axes, ("accuracy", "tool_call_rate")):
@@ -296,8 +296,9 @@ def plot(results: dict, path: Path) -> None:
     axes[0].legend(fontsize=7, loc="center right")
     axes[1].legend(fontsize=7, loc="center right")
     m = results["meta"]
-    fig.suptitle(f"mean over seeds {', '.join(seeds)} (band: min to max); {m['command']}\n"
-                 f"{m['date']}, commit {m['commit']}, {m['machine']}", fontsize=7)
+    commands = m["command"].replace(" ; ", "\n")
+    fig.suptitle(f"mean over seeds {', '.join(seeds)} (band: min to max); {m['date']}, commit {m['commit']}, "
+                 f"{m['machine']}\n{commands}", fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -315,7 +316,8 @@ def merge(parts: list[dict]) -> dict:
     """One experiment from processes that ran its seeds side by side on the same base: every run, each
     part's command, and the CPU seconds of the warm-up (once) and of every run."""
     results = {**parts[0], "runs": {}}
-    results["meta"] = {**parts[0]["meta"], "command": " ; ".join(p["meta"]["command"] for p in parts)}
+    results["meta"] = {**parts[0]["meta"], "command": " ; ".join(p["meta"]["command"] for p in parts),
+                       "commit": ", ".join(dict.fromkeys(p["meta"]["commit"] for p in parts))}
     for part in parts:
         if part["base"] != parts[0]["base"]:
             raise ValueError("the parts' bases differ: merge runs of one warm-up only")
