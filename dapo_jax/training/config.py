@@ -478,7 +478,8 @@ class RunConfig(_Section):
             if objective.reward_weights is not None and tuple(objective.reward_weights) != weights:
                 raise _KeyedError("objective.reward_weights", f"{objective.reward_weights} differ from the weights of "
                                   f"reward.functions {weights}: set the weights there only")
-        if objective.max_response_length is not None and objective.max_response_length < r.max_new_tokens:
+        if objective.max_response_length is not None and objective.max_response_length < r.max_new_tokens \
+                and self.agent is None:  # an episode's L_max counts its model ids over every turn (_agent_fits)
             raise _KeyedError("objective.max_response_length",
                               f"{objective.max_response_length} < rollout.max_new_tokens={r.max_new_tokens}")
         if self.distill is not None and (objective.uses_critic or objective.kind != "policy_gradient"):
