@@ -58,7 +58,8 @@ def format_episode(index: int, episode: dict, width: int = 300) -> str:
     """One logged episode (rollout_log.py's `episode`), a line per turn: the model's text with the turn's
     reward, then each message the environment answered with, by role; then how it ended."""
     outcome = "none" if episode.get("outcome") is None else f"{episode['outcome']:g}"
-    lines = [f"episode {index}: {episode['status']}, outcome reward {outcome}"]
+    size = f", {episode['model_ids']} model ids of {episode['ids']}" if "ids" in episode else ""
+    lines = [f"episode {index}: {episode['status']}, outcome reward {outcome}{size}"]
     turn = 0
     for t in episode["turns"]:
         if t["role"] == "model":

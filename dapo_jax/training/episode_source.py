@@ -137,7 +137,8 @@ def episode_turns(ep: Episode, decode) -> dict:
         turns.append({"role": "model", "text": decode(ids), "reward": float(reward)})
         turns += [{"role": m.get("role", "tool"), **({"name": m["name"]} if "name" in m else {}),
                    "text": m["content"]} for m in observations]
-    return {"turns": turns, "status": ep.status, "outcome": ep.outcome}
+    return {"turns": turns, "status": ep.status, "outcome": ep.outcome, "model_ids": ep.model_tokens,
+            "ids": len(ep.ids)}
 
 
 def play(engine: TurnEngine, state, agent: Agent, examples, key, *, group_size: int, prompt_width: int):

@@ -120,3 +120,22 @@ def test_shipped_recipe_runs_from_the_command_line(tmp_path):
     final = json.loads(proc.stdout.strip().splitlines()[-1])
     assert final["step"] == 1 and "eval/tool_call_rate" in final
     assert "agent/tool_call_rate" in read_metrics(run_dir)[1]
+
+
+def test_eval_command_plays_episodes_of_an_agent_run(agent_run, tmp_path):
+    """`dapo-jax eval RUN_DIR` of an agent run: episodes, as the run's own evaluation plays them, so the
+    run's eval/accuracy at its last step is reproduced; the tool-call rate is reported."""
+    from dapo_jax.eval_command.report import print_report, write_report
+    from dapo_jax.eval_command.run import resolve_target, run_eval
+
+    _, run_dir, final = agent_run
+    report = run_eval(resolve_target(str(run_dir)), [])
+    res = report["results"]["eval"]
+    assert report["step"] == 2 and res["accuracy"] == final["eval/accuracy"]
+    assert res["tool_call_rate"] == final["eval/tool_call_rate"] and res["problems"] == 4
+    assert report["training_eval"]["reproduced"]
+    out = io.StringIO()
+    print_report(report, file=out, plain=True)
+    assert "tool-call rate" in out.getvalue()
+    samples = write_report(report, tmp_path / "r.json")[1].read_text().splitlines()
+    assert json.loads(samples[0])["episodes"][0]["turns"][0]["role"] == "model"

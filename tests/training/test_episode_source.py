@@ -109,5 +109,5 @@ def test_episode_turns_and_tool_call_rate():
     assert logged == {"turns": [{"role": "model", "text": "7,8", "reward": 0.5},
                                 {"role": "tool", "text": "obs"},
                                 {"role": "model", "text": "11,3", "reward": 1.0}],
-                      "status": "done", "outcome": 1.0}
+                      "status": "done", "outcome": 1.0, "model_ids": 4, "ids": 6}
     assert tool_call_rate(EPISODES) == 0.5
