@@ -1,6 +1,6 @@
 """Environments for the agent-run tests (loaded by import path and by file path, as a user's would be)."""
 
-from dapo_jax.agents.env import Env, StepResult
+from dapo_jax.agents.env import Env, StepResult, ToolEnv
 
 
 class Retry(Env):
@@ -30,3 +30,21 @@ class BadReset(Env):
 
     def step(self, turn):
         return StepResult([], done=True)
+
+
+def echo(text: str) -> str:
+    """Returns its argument.
+
+    Args:
+      text: anything.
+    """
+    return text
+
+
+class Echo(ToolEnv):
+    """A tool environment that sets no tool_timeout of its own (agent.tool_timeout applies)."""
+
+    tools = (echo,)
+
+    def reset(self, row):
+        return [{"role": "user", "content": f"{row['problem']}="}]

@@ -111,3 +111,25 @@ def test_episode_turns_and_tool_call_rate():
                                 {"role": "model", "text": "11,3", "reward": 1.0}],
                       "status": "done", "outcome": 1.0, "model_ids": 4, "ids": 6}
     assert tool_call_rate(EPISODES) == 0.5
+
+
+def test_load_agent_applies_the_tool_timeout_default_and_checks_the_prompt_width():
+    import pytest
+
+    from dapo_jax.training.build import load_tokenizer
+    from dapo_jax.training.config import ConfigError
+    from dapo_jax.training.sources import make_stream
+
+    def agent_of(*overrides):
+        from dapo_jax.training.episode_source import load_agent
+
+        cfg = load_config("tiny_agent_calc", list(overrides))
+        tok = load_tokenizer(cfg)
+        stream = make_stream(cfg.data.train, tok, max_prompt_length=cfg.data.max_prompt_length, seed=0)
+        return load_agent(cfg, stream, tok)
+
+    assert agent_of("agent.tool_timeout=3").make_env().tool_timeout == 2.0  # CalcEnv sets its own
+    echo = agent_of("agent.env=tests.training.agent_envs:Echo", "agent.tool_timeout=3").make_env()
+    assert echo.tool_timeout == 3.0 and echo.schemas()[0]["function"]["name"] == "echo"
+    with pytest.raises(ConfigError, match=r"data.max_prompt_length: 3 is shorter than the first data row's episode"):
+        agent_of("data.max_prompt_length=3", "agent.cache_slots=64")
