@@ -22,7 +22,6 @@ copy of the prompt (`models.attention.supports_branches`).
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Callable
 
 import jax
@@ -156,14 +155,14 @@ def build_programs(cfg: RunConfig, *, policy, model_cfg, mesh, tx, schedule, scf
     prepare = make_prepare(adv_objective, logprob, critic, recompute_old_logp=cfg.recompute_old_logp,
                            chunks=o.num_minibatches * o.micro_batches, teacher_logprob=teacher_logprob,
                            distill=cfg.distill)
-    engine = None
+    engine = engine_eval = None
     if cfg.agent is not None:  # multi-turn episodes (agents/engine.py), on the sampler's graphdef and dtype
         from dapo_jax.training.episode_source import turn_engine
 
         engine = turn_engine(cfg, sampler, scfg, stop_sequences)
         engine_eval = turn_engine(cfg, policy.sampler_graphdef, eval_scfg, stop_sequences)
     return RunPrograms(generate, generate_eval, continuous, logprob, prepare, train_step, critic, o.packing,
-                       share if o.packing else False, attention, engine, engine if engine is None else engine_eval)
+                       share if o.packing else False, attention, engine, engine_eval)
 
 
 def make_prepare(objective, logprob_fn, critic=None, *, recompute_old_logp: bool, chunks: int = 1,
@@ -181,7 +180,7 @@ def make_prepare(objective, logprob_fn, critic=None, *, recompute_old_logp: bool
     from dapo_jax.objectives.loss import compute_advantages, token_kl
     from dapo_jax.training.train_step import Batch, map_prompt_chunks
 
-    def _logprobs(params, *rows, trained=None):
+    def logprobs(params, *rows, trained=None):
         logp = map_prompt_chunks(lambda *r: logprob_fn(params, *r)[0], chunks, *rows)
         return logp if trained is None else jnp.where(trained > 0, logp, 0.0)  # context ids: no log-prob
 
@@ -194,16 +193,13 @@ def make_prepare(objective, logprob_fn, critic=None, *, recompute_old_logp: bool
         when more than the trained ones (an agent run's tool ids); the batch carries it to the update."""
         behaviour_logp = old_logp  # log μ: the sampler's own log-probs
         rows = (prompt_ids, prompt_mask, response_ids, response_mask if context_mask is None else context_mask)
-        if context_mask is not None:
-            logprobs = functools.partial(_logprobs, trained=response_mask)
-        else:
-            logprobs = _logprobs
+        trained = None if context_mask is None else response_mask  # log-probs on the trained ids only
         if recompute_old_logp:
-            old_logp = logprobs(params, *rows)
+            old_logp = logprobs(params, *rows, trained=trained)
         ref_logp = jnp.zeros_like(old_logp)
         kl = None
         if ref_params is not None:
-            ref_logp = logprobs(ref_params, *rows)
+            ref_logp = logprobs(ref_params, *rows, trained=trained)
             kl = token_kl(objective, old_logp, ref_logp)
         batch = Batch(prompt_ids, prompt_mask, response_ids, response_mask.astype(jnp.float32),
                       old_logp, None, ref_logp, behaviour_logp if objective.needs_behaviour_logp else None,
