@@ -7,7 +7,7 @@
 A run whose config has an `agent:` section runs the same `train()` and `rl_step` as single-turn RL.
 Only the rollout differs. `collect` takes `gen_batch` rows from the training stream per round and plays
 `G` episodes of each with `agents.episodes.run_episodes` on the run's `TurnEngine` (built by
-`training/programs.build_programs`). It scores them: the environment's `reward()`, else the run's
+`training/update/programs.build_programs`). It scores them: the environment's `reward()`, else the run's
 reward functions on the final turn's text. It shapes the rewards on the episodes' MODEL ids
 (`agents.update.shape_episodes`: overlong punishment and filtering), and hands `rollout.collect_groups`
 the same `Groups` as the Actor does, with `context_mask` (every real id) beside `response_mask` (the
@@ -38,7 +38,7 @@ from dapo_jax.agents.episodes import AgentLimits, Episode, run_episodes
 from dapo_jax.agents.outcome import final_text
 from dapo_jax.agents.render import DeltaRenderer
 from dapo_jax.agents.update import shape_episodes
-from dapo_jax.training.config import ConfigError, RunConfig
+from dapo_jax.training.config.run import ConfigError, RunConfig
 from dapo_jax.training.rollout import Groups, collect_groups
 
 TOOL_CALL_END = "</tool_call>"  # Hermes / Qwen2.5's tool-call end marker (agents/parse.py): a turn ends at it
@@ -195,7 +195,7 @@ class EpisodeSource:
 
     cfg: RunConfig
     engine: TurnEngine
-    policy: Any  # training.lora.PolicyWeights
+    policy: Any  # training.update.lora.PolicyWeights
     stream: Any  # data.PromptStream of the training rows
     agent: Agent
     tokenizer: Any

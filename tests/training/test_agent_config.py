@@ -4,7 +4,7 @@ import warnings
 
 import pytest
 
-from dapo_jax.training.config import ConfigError, load_config
+from dapo_jax.training.config.run import ConfigError, load_config
 
 
 def cfg(*overrides):

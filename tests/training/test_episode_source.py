@@ -13,10 +13,10 @@ from dapo_jax.agents.update import episode_batch
 from dapo_jax.data.stream import PromptExample
 from dapo_jax.objectives.process import StepRewards
 from dapo_jax.sampling.config import SamplingConfig
-from dapo_jax.training.config import load_config
+from dapo_jax.training.config.run import load_config
 from dapo_jax.training.episode_source import EpisodeSource, episode_turns, tool_call_rate
-from dapo_jax.training.programs import make_prepare
-from dapo_jax.training.train_step import make_logprob_fn, policy_logprobs
+from dapo_jax.training.update.programs import make_prepare
+from dapo_jax.training.update.train_step import make_logprob_fn, policy_logprobs
 from tests.agents.helpers import random_decoder
 
 T, S, G = 8, 4, 2
@@ -117,7 +117,7 @@ def test_load_agent_applies_the_tool_timeout_default_and_checks_the_prompt_width
     import pytest
 
     from dapo_jax.training.build import load_tokenizer
-    from dapo_jax.training.config import ConfigError
+    from dapo_jax.training.config.run import ConfigError
     from dapo_jax.training.sources import make_stream
 
     def agent_of(*overrides):

@@ -3,8 +3,8 @@ compiled beside the update, and the KV cache is the engine's."""
 
 import json
 
-from dapo_jax.training.config import load_config, resolve_path
-from dapo_jax.training.plan import make_plan
+from dapo_jax.training.config.run import load_config, resolve_path
+from dapo_jax.training.plan.memory import make_plan
 
 
 def test_plan_compiles_the_engine_programs_at_cache_slots():
