@@ -5,7 +5,8 @@
 
 One table per group: its prompt, whether dynamic sampling kept it and the update trained on it,
 then a row per response with its reward, correctness, advantage, length and text (cut to `width`
-characters; 0 = whole). The files are written by `dapo_jax.training.rollout_log` every
+characters; 0 = whole). In an agent run each response's episode follows, turn by turn: the model's
+text with the turn's reward, what the tools or the environment answered, and how it ended. The files are written by `dapo_jax.training.rollout_log` every
 `train.rollouts_every` steps.
 """
 
@@ -47,4 +48,24 @@ def show_rollouts(run_dir, step: int | None = None, *, groups: int | None = None
                  for j, r in enumerate(g["responses"])]
         print_table(title, ["#", "reward", "correct", "advantage", "length", "response"], table, file=file,
                     plain=plain, wrap=[5])
+        for j, r in enumerate(g["responses"]):  # an agent run's episodes, turn by turn
+            if "episode" in r:
+                print(format_episode(j, r["episode"], width), file=file)
     return step
+
+
+def format_episode(index: int, episode: dict, width: int = 300) -> str:
+    """One logged episode (rollout_log.py's `episode`), a line per turn: the model's text with the turn's
+    reward, then each message the environment answered with, by role; then how it ended."""
+    outcome = "none" if episode.get("outcome") is None else f"{episode['outcome']:g}"
+    size = f", {episode['model_ids']} model ids of {episode['ids']}" if "ids" in episode else ""
+    lines = [f"episode {index}: {episode['status']}, outcome reward {outcome}{size}"]
+    turn = 0
+    for t in episode["turns"]:
+        if t["role"] == "model":
+            turn += 1
+            lines.append(f"  turn {turn} model (reward {t['reward']:g}): {_cut(t['text'], width)}")
+        else:
+            name = f" {t['name']}" if t.get("name") else ""
+            lines.append(f"  turn {turn} {t['role']}{name}: {_cut(t['text'], width)}")
+    return "\n".join(lines)

@@ -104,9 +104,17 @@ class ToolEnv(Env):
 
 
 def load_env(path: str) -> Callable[..., Env]:
-    """`"pkg.module:Name"` -> the class (or factory) it names; `AgentConfigError` with one line otherwise."""
+    """`"pkg.module:Name"` or `"path/to/file.py:Name"` -> the class (or factory) it names; `AgentConfigError`
+    with one line otherwise."""
+    if isinstance(path, str) and ".py:" in path:  # a file, imported as rewards/custom.py imports a user's reward
+        from dapo_jax.rewards.custom import CustomRewardError, load_function
+
+        try:
+            return load_function(path)
+        except CustomRewardError as exc:
+            raise AgentConfigError(f"agent.env={exc}") from exc
     if not isinstance(path, str) or path.count(":") != 1:
-        raise AgentConfigError(f"agent.env={path!r}: expected 'package.module:Name'")
+        raise AgentConfigError(f"agent.env={path!r}: expected 'package.module:Name' or 'path/to/file.py:Name'")
     module_name, attr = path.split(":")
     try:
         module = importlib.import_module(module_name)

@@ -43,23 +43,35 @@ class EpisodeBatch(NamedTuple):
     stats: dict[str, float]
 
 
-def episode_batch(arrays: dict, rewards: np.ndarray, *, objective, group_size: int,
-                  correct: np.ndarray | None = None) -> EpisodeBatch:
-    """The update's batch from `agents.batch.episode_arrays` and the outcome `rewards [B]`
-    (`correct [B]` for dynamic sampling on correctness)."""
+def shape_episodes(arrays: dict, rewards: np.ndarray, *, objective, group_size: int):
+    """`(shaped [P, G], loss_mask [P, G, T], target)` of `B = P G` episodes: the outcome `rewards [B]`
+    shaped on the episodes' MODEL ids (overlong punishment and filtering), the loss mask after overlong
+    filtering, and what the advantages read: the shaped outcome, or with step rewards (`grpo_process`)
+    the turns as `StepRewards [P, G, J]` with the shaped outcome added to each episode's last turn.
+    Shared by `episode_batch` and the run's episode source (training/episode_source.py)."""
     b = arrays["response_ids"].shape[0]
     if b % group_size:
         raise ValueError(f"{b} episodes do not split into groups of {group_size}")
     p, g = b // group_size, group_size
     grouped = lambda x: jnp.asarray(np.asarray(x).reshape(p, g, *np.shape(x)[1:]))
-    loss_mask = grouped(arrays["loss_mask"])
     shaped, loss_mask = shape_rewards(objective, grouped(rewards), grouped(arrays["model_tokens"]),
-                                      grouped(arrays["truncated"]), loss_mask)
+                                      grouped(arrays["truncated"]), grouped(arrays["loss_mask"]))
     if objective.needs_step_rewards:
         steps = with_outcome(arrays["step_rewards"], arrays["num_turns"], np.asarray(shaped).reshape(b))
         target = StepRewards(grouped(steps), grouped(arrays["step_ends"]), grouped(arrays["step_mask"]))
     else:
         target = shaped
+    return shaped, loss_mask, target
+
+
+def episode_batch(arrays: dict, rewards: np.ndarray, *, objective, group_size: int,
+                  correct: np.ndarray | None = None) -> EpisodeBatch:
+    """The update's batch from `agents.batch.episode_arrays` and the outcome `rewards [B]`
+    (`correct [B]` for dynamic sampling on correctness)."""
+    b = arrays["response_ids"].shape[0]
+    shaped, loss_mask, target = shape_episodes(arrays, rewards, objective=objective, group_size=group_size)
+    p, g = b // group_size, group_size
+    grouped = lambda x: jnp.asarray(np.asarray(x).reshape(p, g, *np.shape(x)[1:]))
     adv = compute_advantages(objective, target, loss_mask)
     adv = jnp.broadcast_to(adv[..., None] if adv.ndim == 2 else adv, loss_mask.shape) * loss_mask
     keep = np.ones(p, bool)

@@ -38,12 +38,16 @@ def print_report(report: dict, *, file=None, plain: bool | None = None) -> None:
     title = (f"{report['model']}: k={k}, temperature={s['temperature']}, top_p={s['top_p']}, top_k={s['top_k']}, "
              f"max_new_tokens={s['max_new_tokens']}, batch={s['batch_size']}, seed={s['seed']}")
     rows = []
+    tools = any("tool_call_rate" in r for r in report["results"].values())  # an agent recipe's episodes
     for name, r in report["results"].items():
+        maj = r.get(f"maj@{k}")  # none for episodes (their answers are the environment's to judge)
         rows.append([name, f"{int(r['problems'])}", f"{r[f'avg@{k}']:.3f}", f"{r[f'pass@{k}']:.3f}",
-                     f"{r[f'maj@{k}']:.3f}", f"{r['response_length_mean']:.1f}", f"{r['truncated_fraction']:.2f}",
-                     str(r["skipped_too_long"]), f"{r['time_s']:.1f}"])
+                     "-" if maj is None else f"{maj:.3f}", f"{r['response_length_mean']:.1f}",
+                     f"{r['truncated_fraction']:.2f}", str(r["skipped_too_long"]), f"{r['time_s']:.1f}"]
+                    + ([f"{r.get('tool_call_rate', 0.0):.3f}", f"{r.get('turns_mean', 1.0):.2f}"] if tools else []))
     print_table(title, ["data set", "problems", f"avg@{k}", f"pass@{k}", f"maj@{k}", "mean length", "truncated",
-                        "skipped", "time (s)"], rows, file=file, plain=plain)
+                        "skipped", "time (s)"] + (["tool-call rate", "turns"] if tools else []), rows, file=file,
+                plain=plain)
     t = report.get("training_eval")
     if t:
         if t["reproduced"]:

@@ -213,9 +213,18 @@ def run_eval(target: Target, sets: list[EvalSet], flags: EvalFlags = EvalFlags()
             t0 = time.perf_counter()
             stream, skipped = _stream(spec, cfg, tokenizer, flags.max_prompt_length)
             recs: list = []
-            res = evaluate(sharded_generate, params, stream, tokenizer=tokenizer,
-                           scorer=sources.make_scorer(spec.reward, cfg.objective_config, tokenizer=tokenizer,
-                                                      max_length=int(stream.buckets[0]) + s["max_new_tokens"]),
+            scorer = sources.make_scorer(spec.reward, cfg.objective_config, tokenizer=tokenizer,
+                                         max_length=int(stream.buckets[0]) + s["max_new_tokens"])
+            if cfg.agent is not None:  # a recipe with tools: episodes, as the run's own evaluation plays them
+                results[spec.name] = _episode_results(scfg_cfg, graphdef, params, scfg, stream, tokenizer, scorer,
+                                                      s, spec.limit or flags.limit, recs)
+                results[spec.name].update({"skipped_too_long": skipped, "own": spec.own, "source": spec.source.name,
+                                           "format": spec.source.format, "template": spec.source.template,
+                                           "reward": [f.name for f in spec.reward.functions],
+                                           "time_s": time.perf_counter() - t0})
+                records[spec.name] = recs
+                continue
+            res = evaluate(sharded_generate, params, stream, tokenizer=tokenizer, scorer=scorer,
                            key=eval_key(s["seed"]),
                            batch_size=s["batch_size"], k=s["k"], limit=spec.limit or flags.limit, records=recs)
             lengths = [r["length"] for rec in recs for r in rec["responses"]]
@@ -233,6 +242,24 @@ def run_eval(target: Target, sets: list[EvalSet], flags: EvalFlags = EvalFlags()
               "records": records}
     report["training_eval"] = _compare_with_training(target, step, results, s, flags)
     return report
+
+
+def _episode_results(cfg: RunConfig, graphdef, params, scfg, stream, tokenizer, scorer, s: dict, limit, recs) -> dict:
+    """An agent recipe's evaluation on one set (training/episode_source.py): `k` episodes per row, the
+    environment tried on the set's first row first; accuracy, pass@k, tool-call rate, turns, model ids."""
+    from dapo_jax.training.episode_source import evaluate_episodes, load_agent, tool_stop_sequences, turn_engine
+    from dapo_jax.training.evaluate import eval_key
+
+    agent = load_agent(cfg, stream, tokenizer)
+    engine = turn_engine(cfg, graphdef, scfg, tool_stop_sequences(tokenizer))
+    res = evaluate_episodes(engine, params, agent, stream, tokenizer=tokenizer, scorer=scorer, key=eval_key(s["seed"]),
+                            batch_size=s["batch_size"], k=s["k"], prompt_width=cfg.data.max_prompt_length,
+                            limit=limit, records=recs)
+    episodes = [e for rec in recs for e in rec["episodes"]]
+    return {**{k.replace("eval/", ""): v for k, v in res.items()},
+            "response_length_mean": sum(e["model_ids"] for e in episodes) / max(len(episodes), 1),  # model ids
+            "truncated_fraction": sum(e["status"] in ("budget", "context", "max_turns") for e in episodes)
+            / max(len(episodes), 1), "max_prompt_length": cfg.data.max_prompt_length}
 
 
 def _stream(spec: EvalSet, cfg: RunConfig, tokenizer, max_prompt_length: int | None):

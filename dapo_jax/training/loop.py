@@ -31,6 +31,7 @@ from dapo_jax.training.actor import Actor
 from dapo_jax.training.build import build_mesh, load_model, load_tokenizer, load_trained_model, sampling_config
 from dapo_jax.training.config.run import RunConfig
 from dapo_jax.training.difficulty import build_difficulty
+from dapo_jax.training.episode_source import EpisodeSource, evaluate_episodes, load_agent, tool_stop_sequences
 from dapo_jax.training.evaluate import eval_key, evaluate
 from dapo_jax.training.group_filter import GroupFilter
 from dapo_jax.training.loggers import make_loggers
@@ -78,7 +79,9 @@ def train(cfg: RunConfig) -> dict:
         check_teacher(cfg, tokenizer)
     # process supervision (docs/objectives.md#process-supervision): a process reward model's step rewards,
     # else the first reward function's rule steps (rewards/steps.py)
-    step_scorer = scorer.step_scorer(tokenizer) if objective.needs_step_rewards else None
+    step_scorer = scorer.step_scorer(tokenizer) if objective.needs_step_rewards and cfg.agent is None else None
+    # an agent run (docs/agents.md): the environment imported and tried on the first data row, before the model loads
+    agent = load_agent(cfg, stream, tokenizer) if cfg.agent is not None else None
     if stream.num_skipped and main:
         warnings.warn(f"{stream.num_skipped} of {stream.num_skipped + len(stream)} training prompts are longer than "
                       f"data.max_prompt_length={cfg.data.max_prompt_length} tokens and are dropped", RuntimeWarning)
@@ -104,7 +107,7 @@ def train(cfg: RunConfig) -> dict:
                                   scfg=sampling_config(cfg, tokenizer, model_cfg),
                                   eval_scfg=sampling_config(cfg, tokenizer, model_cfg, eval_mode=True),
                                   critic=critic, prompt_width=max(stream.buckets), reward_weights=scorer.weights,
-                                  teacher=teacher)
+                                  teacher=teacher, stop_sequences=tool_stop_sequences(tokenizer) if agent else ())
         say(f"[dapo-jax] {attention_report(cfg, mesh)}", flush=True)
 
         # however the run ends, a started save completes (unless it failed or a peer process is gone)
@@ -131,12 +134,14 @@ def train(cfg: RunConfig) -> dict:
                                  sources=tuple(cfg.data.sources or ()))  # what the model wrote: `dapo-jax show`
         actor = SupervisedSource(cfg, stream, policy) if objective.supervised else Actor(  # SFT: the data's responses
             cfg, programs.generate, programs.continuous, policy, stream, share, tokenizer, scorer, step_scorer,
-            group_filter, rollout_log, key, difficulty, tuple(cfg.data.sources or ()))
+            group_filter, rollout_log, key, difficulty, tuple(cfg.data.sources or ())) if agent is None else \
+            EpisodeSource(cfg, programs.engine, policy, stream, agent, tokenizer, scorer, rollout_log, key)  # episodes
         learner = Learner(programs.prepare, programs.train_step, policy, ref_params, critic, batch_sharding(mesh),
                           reward_parts=objective.multi_reward == "normalize_then_sum",  # [P, G, K] (rewards/pipeline.py)
-                          step_rewards=step_scorer is not None, teacher=teacher)
+                          step_rewards=step_scorer is not None or (agent is not None and objective.needs_step_rewards),
+                          teacher=teacher)
         evaluation = Evaluation(programs.generate_eval, policy, eval_stream, tokenizer, scorer.for_eval, eval_key(key),
-                                batch_sharding(mesh), cfg, writer, say)
+                                batch_sharding(mesh), cfg, writer, say, programs.engine_eval, agent)
         monitor = NonFiniteMonitor(cfg.train.max_nonfinite_steps, lambda: max(ckpt.all_steps(), default=None))
         prefetch = Prefetcher(actor.collect, context=lambda: jax.set_mesh(mesh), ready=run.prefetched)  # overlap.py
         cleanup.callback(prefetch.close)
@@ -200,14 +205,22 @@ class Evaluation:
     cfg: RunConfig
     writer: MetricsWriter
     say: Callable
+    engine: Any = None  # an agent run's TurnEngine at the evaluation's settings: episodes (episode_source.py)
+    agent: Any = None
 
     def __call__(self, step: int, params) -> dict:
         if self.stream is None:
             return {}
         t0 = time.perf_counter()
-        res = evaluate(self._generate, self.policy.sampler(params), self.stream, tokenizer=self.tokenizer,
-                       scorer=self.scorer, key=self.key, batch_size=self.cfg.rollout.gen_batch, k=self.cfg.train.eval_k,
-                       limit=self.cfg.data.eval_size)
+        if self.agent is not None:
+            res = evaluate_episodes(self.engine, self.policy.sampler(params), self.agent, self.stream,
+                                    tokenizer=self.tokenizer, scorer=self.scorer, key=self.key,
+                                    batch_size=self.cfg.rollout.gen_batch, k=self.cfg.train.eval_k,
+                                    limit=self.cfg.data.eval_size, prompt_width=self.cfg.data.max_prompt_length)
+        else:
+            res = evaluate(self._generate, self.policy.sampler(params), self.stream, tokenizer=self.tokenizer,
+                           scorer=self.scorer, key=self.key, batch_size=self.cfg.rollout.gen_batch,
+                           k=self.cfg.train.eval_k, limit=self.cfg.data.eval_size)
         res["eval/time_s"] = time.perf_counter() - t0
         self.writer.write(step, {**res, "eval/compilations": compile_count()})  # merges into the step's row
         self.say(f"[dapo-jax] step {step} eval accuracy {res['eval/accuracy']:.3f}", flush=True)
@@ -223,10 +236,11 @@ def _compile_ahead(cfg: RunConfig, actor: Actor, learner: Learner, state, run, s
     states by their shapes and layouts only: the first update donates the arrays."""
     if run.step >= cfg.train.steps:
         return CompileAhead([])
-    r = cfg.rollout
+    r, a = cfg.rollout, cfg.agent
     g = 1 if cfg.objective_config.supervised else r.G  # SFT: each example is a group of one response
-    blank = Groups.blank(r.train_batch, cfg.data.max_prompt_length, g, r.max_new_tokens,
-                         steps=r.max_new_tokens if learner.step_rewards else 0, parts=len(scorer.weights))
+    steps = (r.max_new_tokens if a is None else a.max_turns) if learner.step_rewards else 0  # an episode's: its turns
+    blank = Groups.blank(r.train_batch, cfg.data.max_prompt_length, g, cfg.response_tokens, steps=steps,
+                         parts=len(scorer.weights), context=a is not None)
     sampler = abstract(actor.policy.sampler(state.params))
     state, critic = abstract(committed(state)), abstract(committed(run.critic))  # as the updates commit them
     return CompileAhead([("rollout", functools.partial(actor.precompile, sampler)),

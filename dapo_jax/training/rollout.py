@@ -65,6 +65,9 @@ class Groups:
     # index in that source: per-source metrics and difficulty filtering (training/difficulty.py); None = zeros
     source: np.ndarray | None = None
     prompt_index: np.ndarray | None = None
+    # [N, G, T] float32: the ids the forward attends to when more than the trained ones (an agent run's
+    # episodes: tool and template ids are context with no loss, agents/batch.py); None = [N, G, 0], none
+    context_mask: np.ndarray | None = None
 
     def __post_init__(self):
         if self.entropy is None:
@@ -78,6 +81,8 @@ class Groups:
         for name, dtype in (("source", np.int32), ("prompt_index", np.int32)):
             if getattr(self, name) is None:
                 setattr(self, name, np.zeros(self.rewards.shape[:1], dtype))
+        if self.context_mask is None:
+            self.context_mask = np.zeros((*self.rewards.shape, 0), np.float32)
 
     def __len__(self) -> int:
         return int(self.prompt_ids.shape[0])
@@ -100,7 +105,7 @@ class Groups:
 
     @staticmethod
     def blank(n: int, prompt_len: int, group_size: int, response_len: int, *, steps: int = 0,
-              parts: int = 0) -> "Groups":
+              parts: int = 0, context: bool = False) -> "Groups":
         """`n` valid all-zero groups with the dtypes a scored round has: what the programs a batch goes
         through are compiled for ahead of the first rollout (training/update/compile_ahead.py)."""
         p, g, t = n, group_size, response_len
@@ -109,7 +114,8 @@ class Groups:
                       np.zeros((p, g), np.float32), np.zeros((p, g), bool), np.zeros((p, g), np.int32),
                       np.zeros((p, g), bool), np.ones(p, bool), np.zeros(p, np.int32),
                       step_rewards=np.zeros((p, g, steps), np.float32), step_ends=np.zeros((p, g, steps), np.int32),
-                      step_mask=np.zeros((p, g, steps), np.float32), reward_parts=np.zeros((p, g, parts), np.float32))
+                      step_mask=np.zeros((p, g, steps), np.float32), reward_parts=np.zeros((p, g, parts), np.float32),
+                      context_mask=np.zeros((p, g, t if context else 0), np.float32))
 
     def state_dict(self) -> dict[str, np.ndarray]:
         # An empty optional field (no step rewards: J = 0) is left out: a checkpoint cannot hold a

@@ -17,7 +17,10 @@ groups generated in the step are written, one JSON object per group:
 `kept` is dynamic sampling's verdict (always true without it); `trained` marks the kept groups that
 made it into the update (the others were surplus); `advantage` is the one the update used (its
 token mean over the response; null for groups not trained on and for overlong-filtered responses);
-`reward` is the shaped reward (overlong penalty included). `dapo-jax show RUN_DIR [STEP]` prints it.
+`reward` is the shaped reward (overlong penalty included). In an agent run each response also has
+its `episode`: `{"turns": [{"role": "model", "text", "reward"}, {"role": "tool", "name", "text"}, ...],
+"status", "outcome"}` (training/episode_source.py), and its `text` is every id after the prompt, tool
+answers included. `dapo-jax show RUN_DIR [STEP]` prints it.
 Every process takes part in gathering the advantages; only the one with `enabled` writes.
 """
 
@@ -53,6 +56,7 @@ class RolloutLog:
         # step -> [Groups, keep mask or None] per generation round of that watched step (per step: with
         # rollout.overlap the next step's rollout is watched before this step is written)
         self._rounds: dict[int, list[list]] = {}
+        self._episodes: dict[tuple[int, int], list[list[dict]]] = {}  # (step, round) -> [group][response]
 
     def active(self, step: int) -> bool:
         return self.every > 0 and (self._first or step % self.every == 0)
@@ -77,9 +81,15 @@ class RolloutLog:
 
         return sample, (keep if keep_fn is not None else None)
 
+    def add_episodes(self, step: int, round_idx: int, episodes: list[dict], group_size: int) -> None:
+        """An agent run's episodes of a round (`episode_source.episode_turns`, row `r G + g`), for a watched step."""
+        if step in self._rounds:
+            self._episodes[step, round_idx] = [episodes[i:i + group_size] for i in range(0, len(episodes), group_size)]
+
     def write(self, step: int, batch: Groups, advantages=None) -> Path | None:
         """Writes the watched step's sample; `advantages` = the trained batch's `[P, G, T]` (None: no update)."""
         rounds = self._rounds.pop(step, None)
+        episodes = {r: self._episodes.pop((step, r)) for (k, r) in list(self._episodes) if k == step}
         if rounds is None:  # not watched: not a logged step
             return None
         adv = None
@@ -97,6 +107,9 @@ class RolloutLog:
                 row += int(keep[i])
                 if len(lines) < self.sample:
                     lines.append(self._group(step, r, i, groups, bool(keep[i]), trained_row, adv))
+                    if r in episodes and i < len(episodes[r]):  # an agent run's: each response's turns
+                        for response, episode in zip(lines[-1]["responses"], episodes[r][i]):
+                            response["episode"] = episode
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / f"{step}.jsonl"
         tmp = path.with_suffix(".jsonl.tmp")
@@ -123,7 +136,10 @@ class RolloutLog:
 
 
 def _real_tokens(g: Groups, i: int) -> np.ndarray:
-    """`[G, T]` the generated tokens (overlong filtering zeroes the mask, not the tokens: show them anyway)."""
+    """`[G, T]` the generated tokens (overlong filtering zeroes the mask, not the tokens: show them anyway);
+    an episode's every id after the prompt, tool answers included (its context mask)."""
+    if g.context_mask.shape[-1]:
+        return g.context_mask[i] > 0
     return np.arange(g.response_ids.shape[-1])[None, :] < g.lengths[i][:, None]
 
 

@@ -104,8 +104,11 @@ class Learner:
         critic_in = {} if self.critic is None else {
             "critic_params": critic_state.params, "correct": to_global(groups.correct, self.rows)}
         teacher_in = {} if self.teacher is None else {"teacher_params": self.teacher.params}
+        # an agent run's episodes: tool ids are context without loss (training/episode_source.py)
+        context_in = {} if not groups.context_mask.shape[-1] else {
+            "context_mask": to_global(groups.context_mask, self.rows)}
         return ((self.policy.trainer(params), self.reference, *to_global(host, self.rows)),
-                {"steps": to_global(steps, self.rows), **critic_in, **teacher_in})
+                {"steps": to_global(steps, self.rows), **critic_in, **teacher_in, **context_in})
 
     def precompile(self, state: TrainState, groups: Groups, critic_state=None) -> list:
         """Compiles `advantages` and `update` for a batch shaped like `groups` (training/update/compile_ahead.py):

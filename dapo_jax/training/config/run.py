@@ -15,6 +15,7 @@ import difflib
 import functools
 import math
 import typing
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -345,6 +346,28 @@ class DistillSection(_Section):
     task_weight: float = Field(default=1.0, ge=0)  # w: the task reward's advantage's weight; 0 = distillation alone
 
 
+class AgentSection(_Section):
+    """Multi-turn episodes with tools or an environment (docs/agents.md, dapo_jax/agents): each data row is
+    played as G episodes against the environment, and the update trains on the model's ids only."""
+
+    # the environment class: package.module:Name or path/to/file.py:Name (e.g. dapo_jax.agents.examples:CalcEnv)
+    env: str
+    options: dict[str, Any] = Field(default_factory=dict)  # keyword arguments of the environment's constructor
+    max_turns: int = Field(default=4, ge=1)  # model turns per episode
+    # T: model and tool (observation) ids after the prompt, the update's response width; rollout.max_new_tokens
+    # is then the most ids one turn may draw
+    max_episode_tokens: int = Field(default=256, gt=0)
+    max_tool_tokens: int = Field(default=64, gt=0)  # ids of one tool message's content; longer ones are cut
+    truncation_side: Literal["right", "left"] = "right"  # right keeps a long tool answer's head, left its tail
+    step_timeout: float = Field(default=30.0, gt=0)  # seconds for one environment step (its tool calls included)
+    # seconds per tool call, for a ToolEnv whose class sets no tool_timeout of its own
+    tool_timeout: float = Field(default=10.0, gt=0)
+    # KV slots of the multi-turn engine's batch (prompt, every turn's decode steps and append chunks);
+    # None = data.max_prompt_length + max_episode_tokens + max_turns * append_width
+    cache_slots: int | None = Field(default=None, gt=0)
+    append_width: int = Field(default=32, gt=0)  # observation ids appended to the cache per chunk
+
+
 class RunConfig(_Section):
     model: ModelSection = ModelSection()
     data: DataSection = DataSection()
@@ -357,6 +380,7 @@ class RunConfig(_Section):
     train: TrainSection = TrainSection()
     reward: RewardSection = RewardSection()
     distill: DistillSection | None = None  # on-policy distillation from a teacher; None = off
+    agent: AgentSection | None = None  # multi-turn episodes with tools (docs/agents.md); None = single turns
 
     @model_validator(mode="before")
     @classmethod
@@ -420,7 +444,7 @@ class RunConfig(_Section):
                 raise _KeyedError(key, msg)
         self._overlong_fits(info.context or {})
         try:
-            objective = self.objective.build(max_response_length=r.max_new_tokens)
+            objective = self.objective.build(max_response_length=self.response_tokens)
             if objective.gfpo:  # GFPO keeps k of the G generated responses: k <= G
                 GroupFilter(objective, group_size=r.G)
         except _KeyedError as e:
@@ -438,7 +462,8 @@ class RunConfig(_Section):
             raise _KeyedError("optim.packing", "kind='gdpo' is not supported packed (its groups_used metric counts "
                               "the batch's prompts): set optim.packing=false")
         has_prm = any(f.name == "process_reward_model" for f in self.reward.functions)
-        if objective.needs_step_rewards and self.reward.functions[0].name not in STEP_REWARDS and not has_prm:
+        if objective.needs_step_rewards and self.reward.functions[0].name not in STEP_REWARDS and not has_prm \
+                and self.agent is None:  # an episode's steps are its turns (agents/batch.py)
             raise _KeyedError("reward.functions.0.name", f"advantage={objective.advantage!r} needs step rewards, and "
                               f"{self.reward.functions[0].name!r} has none (step rewards: {sorted(STEP_REWARDS)}, or "
                               f"a process_reward_model)")
@@ -450,7 +475,8 @@ class RunConfig(_Section):
             if objective.reward_weights is not None and tuple(objective.reward_weights) != weights:
                 raise _KeyedError("objective.reward_weights", f"{objective.reward_weights} differ from the weights of "
                                   f"reward.functions {weights}: set the weights there only")
-        if objective.max_response_length is not None and objective.max_response_length < r.max_new_tokens:
+        if objective.max_response_length is not None and objective.max_response_length < r.max_new_tokens \
+                and self.agent is None:  # an episode's L_max counts its model ids over every turn (_agent_fits)
             raise _KeyedError("objective.max_response_length",
                               f"{objective.max_response_length} < rollout.max_new_tokens={r.max_new_tokens}")
         if self.distill is not None and (objective.uses_critic or objective.kind != "policy_gradient"):
@@ -497,6 +523,53 @@ class RunConfig(_Section):
                               f"mixture of sources yet")
         return self
 
+    @model_validator(mode="after")
+    def _agent_fits(self) -> "RunConfig":
+        """A multi-turn run (`agent`): the limits fit together, and what the episode source does not do yet
+        is refused by name (the environment itself is imported and tried on the first data row when the run
+        starts, before the model loads: training/episode_source.py)."""
+        a, r = self.agent, self.rollout
+        if a is None:
+            return self
+        objective = self.objective_config
+        where, _, name = a.env.rpartition(":")
+        slots = self.agent_cache_slots
+        checks = [
+            ("agent.env", bool(where) and bool(name) and "/" not in name,
+             f"{a.env!r}: expected package.module:Name or path/to/file.py:Name"),
+            ("rollout.max_new_tokens", r.max_new_tokens <= a.max_episode_tokens,
+             f"{r.max_new_tokens} (the most ids one turn may draw) exceeds agent.max_episode_tokens="
+             f"{a.max_episode_tokens}, the whole episode's budget"),
+            ("agent.tool_timeout", a.tool_timeout < a.step_timeout,
+             f"{a.tool_timeout:g} s must be under agent.step_timeout={a.step_timeout:g} s (the step's deadline "
+             f"would fire first and end the episode instead of answering)"),
+            ("agent.cache_slots", slots > self.data.max_prompt_length,
+             f"{slots} slots leave no room after the prompt (data.max_prompt_length={self.data.max_prompt_length})"),
+            ("agent", not objective.uses_critic and objective.kind == "policy_gradient" and not objective.supervised,
+             f"objective {self.objective.name!r} (kind={objective.kind!r}) is not trained on episodes yet: use a "
+             f"policy-gradient objective without a critic (dapo, grpo, dr_grpo, grpo_process, ...)"),
+            ("agent", self.distill is None, "on-policy distillation on episodes is not wired yet: remove distill"),
+            ("agent", objective.multi_reward != "normalize_then_sum",
+             "objective.multi_reward=normalize_then_sum is not wired for episodes yet (an environment's reward has "
+             "no per-function parts): use multi_reward=sum"),
+            ("agent", not r.continuous, "rollout.continuous: continuous batching of episodes is not wired yet"),
+            ("agent", self.data.sources is None, "data.sources: a mixture of sources is not wired for episodes yet"),
+            ("agent", self.mesh.distributed is None or self.mesh.distributed.num_processes in (None, 1),
+             "mesh.distributed: episodes run in one process for now"),
+        ]
+        for key, ok, msg in checks:
+            if not ok:
+                raise _KeyedError(key, msg)
+        return self
+
+    @property
+    def agent_cache_slots(self) -> int:
+        """The multi-turn engine's KV slots (`agent.cache_slots`, else prompt + episode + one chunk per turn)."""
+        a = self.agent
+        if a.cache_slots is not None:
+            return a.cache_slots
+        return self.data.max_prompt_length + a.max_episode_tokens + a.max_turns * a.append_width
+
     def _overlong_fits(self, context: dict) -> None:
         """The soft overlong band (`overlong_buffer`, L_cache) must fit in the response (L_max, which is
         `rollout.max_new_tokens` unless the objective sets `max_response_length`). The band usually comes
@@ -511,8 +584,9 @@ class RunConfig(_Section):
         length = extra.get("max_response_length", recipe.max_response_length)
         if not isinstance(buffer, int) or isinstance(buffer, bool) or buffer < 1:
             return  # None (off) or a bad value: the objective's own check names it
-        key = "objective.max_response_length" if isinstance(length, int) else "rollout.max_new_tokens"
-        length = length if isinstance(length, int) else self.rollout.max_new_tokens
+        budget = "agent.max_episode_tokens" if self.agent is not None else "rollout.max_new_tokens"
+        key = "objective.max_response_length" if isinstance(length, int) else budget
+        length = length if isinstance(length, int) else self.response_tokens
         if buffer <= length:
             return
         if "objective.overlong_buffer" in context.get("overridden", ()):
@@ -532,8 +606,12 @@ class RunConfig(_Section):
         tests/sampling/test_compaction.py), so they are on wherever they apply (docs/benchmarks.md,
         "Fast paths by default")."""
         r, o = self.rollout, self.optim
-        if o.packing is None:
-            object.__setattr__(self, "optim", o.model_copy(update={"packing": objective.kind != "gdpo"}))
+        if self.agent is not None and o.packing:  # episodes carry a context mask the packed update does not take yet
+            warnings.warn("optim.packing=true: an agent run's episodes carry tool ids as context, which the packed "
+                          "update does not take yet; the unpacked update runs (same result)", UserWarning, stacklevel=2)
+        if o.packing is None or self.agent is not None:
+            packing = objective.kind != "gdpo" and self.agent is None
+            object.__setattr__(self, "optim", o.model_copy(update={"packing": packing}))
         if r.compaction is None:
             halves = (r.gen_batch * r.G) // 2 >= r.compaction_min_rows
             object.__setattr__(self, "rollout", r.model_copy(update={"compaction": not r.continuous and halves}))
@@ -563,7 +641,14 @@ class RunConfig(_Section):
     @functools.cached_property
     def objective_config(self):
         """The resolved `ObjectiveConfig` (frozen, hashable: a static jit argument)."""
-        return self.objective.build(max_response_length=self.rollout.max_new_tokens)
+        return self.objective.build(max_response_length=self.response_tokens)
+
+    @property
+    def response_tokens(self) -> int:
+        """T, the update's response width: `agent.max_episode_tokens` in a multi-turn run (model and tool ids
+        after the prompt), else `rollout.max_new_tokens`. It is also L_max, the overlong shaping's length
+        (counted in model ids only for episodes), unless the objective sets max_response_length."""
+        return self.agent.max_episode_tokens if self.agent is not None else self.rollout.max_new_tokens
 
     def to_yaml(self) -> str:
         data = self.model_dump(mode="json")
@@ -642,6 +727,11 @@ def _anchor_paths(data: dict, config_dir: Path) -> None:
         file, _, attr = name.rpartition(":") if isinstance(name, str) and ".py:" in name else ("", "", "")
         if file and not Path(file).expanduser().is_absolute() and (config_dir / file).is_file():
             f["name"] = f"{(config_dir / file).resolve()}:{attr}"
+    agent = data.get("agent") if isinstance(data.get("agent"), dict) else {}
+    env = agent.get("env")  # an environment's file: path/to/file.py:Name
+    file, _, attr = env.rpartition(":") if isinstance(env, str) and ".py:" in env else ("", "", "")
+    if file and not Path(file).expanduser().is_absolute() and (config_dir / file).is_file():
+        agent["env"] = f"{(config_dir / file).resolve()}:{attr}"
     sources = (data.get("data") or {}).get("sources") if isinstance(data.get("data"), dict) else None
     for name in sources if isinstance(sources, dict) else []:  # a mixture's files (data.sources.NAME.train.name)
         node = sources[name].get("train") if isinstance(sources[name], dict) else None

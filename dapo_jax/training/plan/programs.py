@@ -156,6 +156,8 @@ class World:
         heads over `tensor` (the k/v projections' columns are split over it)."""
         r, m, mesh = self.cfg.rollout, self.model_cfg, self.mesh.shape
         slots = r.gen_batch * self.cfg.data.max_prompt_length + r.gen_batch * r.G * max(r.max_new_tokens - 1, 0)
+        if self.cfg.agent is not None:  # the multi-turn engine: every row holds cache_slots slots
+            slots = r.gen_batch * r.G * self.cfg.agent_cache_slots
         per_slot = 2 * m.num_hidden_layers * m.num_key_value_heads * m.head_dim * jnp.dtype(self.cfg.sampler_dtype).itemsize
         heads = mesh["tensor"] if m.num_key_value_heads % mesh["tensor"] == 0 else 1
         return slots * per_slot // (mesh["data"] * mesh["fsdp"] * heads)
@@ -170,7 +172,12 @@ class World:
         prefill = f"prefill {p.attention['rollout prefill']}, decode with the KV cache"
         compacted = ", row compaction" if r.compaction else ""  # later decode stages on fewer rows (sampling/compaction.py)
         jobs = []
-        if p.continuous is None:
+        if p.engine is not None:  # an agent run: the multi-turn engine's programs (training/episode_source.py)
+            jobs += self._engine_jobs(p.engine, r.G, "rollout", sampler, sampler_resident, key, prefill)
+            if cfg.data.eval is not None:
+                jobs += self._engine_jobs(p.engine_eval, cfg.train.eval_k, "eval rollout", sampler, sampler_resident,
+                                          key, prefill)
+        elif p.continuous is None:
             prompts = (self.batched((r.gen_batch, s), jnp.int32), self.batched((r.gen_batch, s), jnp.int32))
             jobs.append(Job("rollout", "rollout", p.generate, (sampler, *prompts, key), resident=sampler_resident,
                             attention=prefill,
@@ -183,7 +190,7 @@ class World:
                             resident=(rm.params,), layered=False,
                             shape=f"{ids.shape[0]} rows x {ids.shape[1]} tokens, reward.functions.{rm.index} "
                                   f"({rm.name}: {rm.path.name})"))
-        if cfg.data.eval is not None:
+        if cfg.data.eval is not None and p.engine is None:
             k = cfg.train.eval_k
             prompts = (self.batched((r.gen_batch, s), jnp.int32), self.batched((r.gen_batch, s), jnp.int32))
             jobs.append(Job("eval rollout", "eval rollout", p.generate_eval, (sampler, *prompts, key),
@@ -202,9 +209,27 @@ class World:
                             shape=f"{r.train_batch} prompts x {r.G} responses, S+T {s + t}"))
         return jobs
 
+    def _engine_jobs(self, engine, g: int, phase: str, sampler, sampler_resident, key, prefill) -> list[Job]:
+        """An agent run's prefill, decode (one turn) and append over `gen_batch x g` rows of `cache_slots` slots."""
+        cfg = self.cfg
+        b, s, ec = cfg.rollout.gen_batch * g, cfg.data.max_prompt_length, engine.config
+        ids = self.batched((b, s), jnp.int32)
+        es = self.lay_out(jax.eval_shape(engine.prefill, sampler, ids, ids))
+        rows, chunk = self.batched((b,), jnp.int32), self.batched((b, ec.append_width), jnp.int32)
+        words = f"{cfg.rollout.gen_batch} prompts x {g} episodes, {ec.cache_slots} cache slots"
+        return [
+            Job(f"{phase}: prefill", phase, engine.prefill, (sampler, ids, ids), resident=sampler_resident,
+                attention=prefill, shape=f"{words}, S {s}"),
+            Job(f"{phase}: decode", phase, engine.decode, (sampler, es, self.batched((b,), jnp.bool_), rows, key),
+                resident=sampler_resident, attention=prefill,
+                shape=f"{words}, a turn of at most {ec.sampling.max_new_tokens} ids"),
+            Job(f"{phase}: append", phase, engine.append, (sampler, es, chunk, rows), resident=sampler_resident,
+                attention=prefill, shape=f"{words}, {ec.append_width} observation ids per chunk"),
+        ]
+
     def _prepare_inputs(self):
         cfg = self.cfg
-        r, s, t = cfg.rollout, cfg.data.max_prompt_length, cfg.rollout.max_new_tokens
+        r, s, t = cfg.rollout, cfg.data.max_prompt_length, cfg.response_tokens
         pb, g = r.train_batch, r.G
         b = self.batched
         # with normalize_then_sum the run passes each function's reward, [P, G, K] (training/step.py)
@@ -214,7 +239,10 @@ class World:
                 b((pb, g, *parts), jnp.float32), b((pb, g), jnp.bool_))
         kwargs = {}
         if cfg.objective_config.needs_step_rewards:
-            kwargs["steps"] = StepRewards(b((pb, g, t), jnp.float32), b((pb, g, t), jnp.int32), b((pb, g, t), jnp.float32))
+            j = t if cfg.agent is None else cfg.agent.max_turns  # an episode's steps are its turns
+            kwargs["steps"] = StepRewards(b((pb, g, j), jnp.float32), b((pb, g, j), jnp.int32), b((pb, g, j), jnp.float32))
+        if cfg.agent is not None:  # episodes: tool ids are context without loss (training/episode_source.py)
+            kwargs["context_mask"] = b((pb, g, t), jnp.float32)
         if self.critic_state is not None:
             kwargs.update(critic_params=self.critic_state.params, correct=b((pb, g), jnp.bool_))
         return args, kwargs

@@ -50,7 +50,7 @@ def resolve_attention(name: str, *, platform: str, seq_len: int) -> str:
 def attention_lengths(cfg: RunConfig) -> dict[str, int]:
     """Each cache-free program's tokens per row: the update and log-prob passes (prompt + response, or a
     packed row of that length), the sampler's prefill (the prompt)."""
-    rows = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens  # packed rows are as long (packed_step.py)
+    rows = cfg.data.max_prompt_length + cfg.response_tokens  # packed rows are as long (packed_step.py)
     return {"update": rows, "log-probs": rows, "prefill": cfg.data.max_prompt_length}
 
 
@@ -101,17 +101,21 @@ class RunPrograms:
     packed: bool
     share_prompts: bool  # packed: a group's responses share one copy of its prompt
     attention: dict[str, str]  # program -> the attention implementation it runs
+    engine: Any = None  # agents.engine.TurnEngine: an agent run's prefill / decode / append programs, or None
+    engine_eval: Any = None  # the same at the evaluation's sampling settings (train.eval_*), or None
 
 
 def build_programs(cfg: RunConfig, *, policy, model_cfg, mesh, tx, schedule, scfg, eval_scfg, critic=None,
-                   prompt_width: int | None = None, reward_weights=None, teacher=None) -> RunPrograms:
+                   prompt_width: int | None = None, reward_weights=None, teacher=None,
+                   stop_sequences: tuple = ()) -> RunPrograms:
     """The run's programs for `policy` (training/update/lora.py's PolicyWeights) on `mesh`.
 
     scfg / eval_scfg: the rollout's and the evaluation's `SamplingConfig`; critic: the `Critic` (PPO, VAPO) or
     None; prompt_width: the widest prompt bucket (continuous batching's prefill width; default
     data.max_prompt_length); reward_weights: reward.functions' weights, with `multi_reward: normalize_then_sum`
     (the rewards then come per function, [P, G, K], and are normalised in their group on the device);
-    teacher: on-policy distillation's `training.update.distill.Teacher` (its graphdef), or None."""
+    teacher: on-policy distillation's `training.update.distill.Teacher` (its graphdef), or None; stop_sequences:
+    an agent run's turn-ending id sequences besides the EOS (the tool-call end marker: episode_source.py)."""
     objective, r, o = cfg.objective_config, cfg.rollout, cfg.optim
     lengths = attention_lengths(cfg)
     attention = {name: resolve_attention(cfg.model.attention, platform=mesh_platform(mesh), seq_len=lengths[key])
@@ -144,8 +148,14 @@ def build_programs(cfg: RunConfig, *, policy, model_cfg, mesh, tx, schedule, scf
     prepare = make_prepare(adv_objective, logprob, critic, recompute_old_logp=cfg.recompute_old_logp,
                            chunks=o.num_minibatches * o.micro_batches, teacher_logprob=teacher_logprob,
                            distill=cfg.distill)
+    engine = engine_eval = None
+    if cfg.agent is not None:  # multi-turn episodes (agents/engine.py), on the sampler's graphdef and dtype
+        from dapo_jax.training.episode_source import turn_engine
+
+        engine = turn_engine(cfg, sampler, scfg, stop_sequences)
+        engine_eval = turn_engine(cfg, policy.sampler_graphdef, eval_scfg, stop_sequences)
     return RunPrograms(generate, generate_eval, continuous, logprob, prepare, train_step, critic, o.packing,
-                       share if o.packing else False, attention)
+                       share if o.packing else False, attention, engine, engine_eval)
 
 
 def make_prepare(objective, logprob_fn, critic=None, *, recompute_old_logp: bool, chunks: int = 1,
@@ -160,26 +170,30 @@ def make_prepare(objective, logprob_fn, critic=None, *, recompute_old_logp: bool
     (`train_step.map_prompt_chunks`, chunk j = prompts j, j + chunks, ... as the update's micro-batches):
     exact, as rows are independent, and its activations are a chunk's, not the batch's. P must divide
     into `chunks` (the run's train_batch does: config.py checks it for the update's split)."""
-    def logprobs(params, *rows):
-        return map_prompt_chunks(lambda *r: logprob_fn(params, *r)[0], chunks, *rows)
+    def logprobs(params, *rows, trained=None):
+        logp = map_prompt_chunks(lambda *r: logprob_fn(params, *r)[0], chunks, *rows)
+        return logp if trained is None else jnp.where(trained > 0, logp, 0.0)  # context ids: no log-prob
 
     @jax.jit
     def prepare(params, ref_params, prompt_ids, prompt_mask, response_ids, response_mask, old_logp,
-                rewards, valid, steps=None, critic_params=None, correct=None, teacher_params=None):
+                rewards, valid, steps=None, critic_params=None, correct=None, teacher_params=None, context_mask=None):
         """Reference / recomputed old log-probs and the advantages: [P, G, T] device tensors (from
         the step rewards `steps` instead of `rewards` when given: process supervision), and the
-        critic's batch (None without a critic)."""
+        critic's batch (None without a critic). `context_mask` [P, G, T]: the ids the forward attends to
+        when more than the trained ones (an agent run's tool ids); the batch carries it to the update."""
         behaviour_logp = old_logp  # log μ: the sampler's own log-probs
-        rows = (prompt_ids, prompt_mask, response_ids, response_mask)
+        rows = (prompt_ids, prompt_mask, response_ids, response_mask if context_mask is None else context_mask)
+        trained = None if context_mask is None else response_mask  # log-probs on the trained ids only
         if recompute_old_logp:
-            old_logp = logprobs(params, *rows)
+            old_logp = logprobs(params, *rows, trained=trained)
         ref_logp = jnp.zeros_like(old_logp)
         kl = None
         if ref_params is not None:
-            ref_logp = logprobs(ref_params, *rows)
+            ref_logp = logprobs(ref_params, *rows, trained=trained)
             kl = token_kl(objective, old_logp, ref_logp)
         batch = Batch(prompt_ids, prompt_mask, response_ids, response_mask.astype(jnp.float32),
-                      old_logp, None, ref_logp, behaviour_logp if objective.needs_behaviour_logp else None)
+                      old_logp, None, ref_logp, behaviour_logp if objective.needs_behaviour_logp else None,
+                      context_mask=None if context_mask is None else context_mask.astype(jnp.float32))
         if critic is not None:  # GAE on the critic's values, VAPO's NLL weights (training/update/critic.py)
             return critic.prepare(critic_params, batch, rewards, valid, correct, kl, chunks=chunks)
         adv = compute_advantages(objective, rewards if steps is None else steps, response_mask, kl, valid=valid)

@@ -1,0 +1,67 @@
+"""The `agent:` section: its keys, one-line errors naming them, and what an agent run chooses for itself."""
+
+import warnings
+
+import pytest
+
+from dapo_jax.training.config.run import ConfigError, load_config
+
+
+def cfg(*overrides):
+    return load_config("tiny_agent_calc", list(overrides))
+
+
+def test_the_recipe_resolves_the_episode_budget_and_engine_sizes():
+    c = cfg()
+    assert c.agent.env == "dapo_jax.agents.examples:CalcEnv"
+    assert c.response_tokens == c.agent.max_episode_tokens == 24  # the update's response width
+    assert c.objective_config.max_response_length == 24  # L_max of the overlong shaping, in model ids
+    assert c.agent_cache_slots == 8 + 24 + 3 * 8  # prompt + episode + one append chunk per turn
+    assert cfg("agent.cache_slots=100").agent_cache_slots == 100
+    assert not c.optim.packing
+    assert load_config("tiny_dapo").response_tokens == load_config("tiny_dapo").rollout.max_new_tokens
+
+
+@pytest.mark.parametrize("override, key", [
+    ("agent.env=no_colon", "agent.env"),
+    ("agent.env=pkg:a/b", "agent.env"),
+    ("rollout.max_new_tokens=32", "rollout.max_new_tokens"),
+    ("agent.tool_timeout=30", "agent.tool_timeout"),
+    ("agent.cache_slots=8", "agent.cache_slots"),
+    ("agent.max_turns=0", "agent.max_turns"),
+    ("agent.truncation_side=middle", "agent.truncation_side"),
+    ("agent.max_tool_token=3", "agent.max_tool_token"),
+    ("objective.name=ppo", "agent"),
+    ("rollout.continuous=true", "agent"),
+])
+def test_errors_are_one_line_naming_the_key(override, key):
+    with pytest.raises(ConfigError) as e:
+        cfg(override)
+    msg = str(e.value)
+    assert "\n" not in msg and f": {key}:" in msg, msg
+
+
+def test_unknown_agent_key_suggests_the_near_one():
+    with pytest.raises(ConfigError, match=r"agent.max_tool_token: unknown key \(did you mean 'agent.max_tool_tokens'"):
+        cfg("agent.max_tool_token=3")
+
+
+def test_explicit_packing_runs_unpacked_and_says_so_in_one_line():
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        c = cfg("optim.packing=true")
+    assert not c.optim.packing
+    lines = [str(w.message) for w in seen if "optim.packing" in str(w.message)]
+    assert len(lines) == 1 and "\n" not in lines[0] and "unpacked" in lines[0]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        cfg()  # unset: chosen quietly
+    assert not [w for w in seen if "optim.packing" in str(w.message)]
+
+
+def test_process_supervision_reads_turn_rewards_without_a_step_reward_function():
+    c = cfg("objective.name=grpo_process", "objective.overlong_buffer=null")
+    assert c.objective_config.needs_step_rewards
+    with pytest.raises(ConfigError, match="reward.functions.0.name"):  # a single-turn run still needs one
+        load_config("tiny_dapo", ["objective.name=grpo_process", "objective.overlong_buffer=null",
+                                  "reward.functions=[{name: integer}]"])
