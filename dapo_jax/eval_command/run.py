@@ -121,13 +121,13 @@ def _run_target(cfg: RunConfig, run_dir: Path, checkpoint: int | None) -> Target
     return Target(cfg, ckpts / str(checkpoint), run_dir, f"{run_dir} (step {checkpoint})", newest=newest)
 
 
-ROTATION_RETRIES = 5  # a checkpoint deleted under us this many times in a row is no longer a race
 
 
 def load_checkpoint(target: Target, mesh, *, say=lambda msg: print(msg, file=sys.stderr, flush=True)):
     """`(target, model, tokenizer, step)` of the target's checkpoint; when it was the run's newest and a
     training run rotated it away before or while it was read, the newest one now on disk (said on stderr)."""
     from dapo_jax.training import loop
+    from dapo_jax.training.checkpoint import ROTATION_RETRIES
 
     for attempt in range(ROTATION_RETRIES + 1):
         try:
