@@ -98,6 +98,7 @@ def runs(tmp_path_factory):
     cfg = load_config(None, tiny_overrides(model_dir, one, **EXTRA))
     train(cfg)  # the reference: one process, the same 2-device mesh
     _wait(first, deadline)
+    saved_first = sorted(int(d.name) for d in (two / "checkpoints").iterdir() if d.name.isdigit())
     resumed = _launch(model_dir, two, "resumed")
     _wait(resumed, deadline)
     assert [p.returncode for p, _, _ in resumed] == [0, 0], _tail(resumed)
@@ -129,7 +130,7 @@ def runs(tmp_path_factory):
     _wait(termed + killed, min(deadline, time.time() + 300))  # after the signal: a bound against the deadlock
     term_resumed = _launch(model_dir, term, "term_resumed")
     _wait(term_resumed, deadline)
-    return {"cfg": cfg, "one": one, "two": two, "first": first, "resumed": resumed, "resumed_from": resumed_from[0],
+    return {"cfg": cfg, "one": one, "two": two, "first": first, "saved_first": saved_first, "resumed": resumed, "resumed_from": resumed_from[0],
             "term": term, "termed": termed, "term_resumed": term_resumed, "killed": killed, "signalled": signalled}
 
 
@@ -148,7 +149,7 @@ def test_a_process_killed_during_a_save_is_named_by_the_survivor_not_blamed_on_t
     lines = [line for line in log0.read_text().splitlines() if line.startswith("dapo-jax:")]
     assert len(lines) == 1 and "PeerLost: process(es) [1] of the run's 2 stopped answering" in lines[0], lines
     assert "Fix the folder" not in lines[0] and "Check failure stack trace" not in log0.read_text()
-    assert 3 not in [int(d.name) for d in (runs["two"] / "checkpoints").iterdir() if d.name.isdigit()]
+    assert runs["saved_first"] == [1, 2]  # checkpoint 3, the save it died in, never completed (keep 2)
 
 
 def test_two_processes_train_as_one_and_resume_after_sigkill_where_it_would_have_been(runs):
