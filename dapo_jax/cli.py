@@ -123,7 +123,7 @@ def cmd_stages(args) -> int:
 def cmd_eval(args) -> int:
     from dapo_jax.eval_command.report import flat_metrics, print_report, write_report
     from dapo_jax.eval_command.run import EvalFlags, resolve_target, run_eval
-    from dapo_jax.eval_command.sets import parse_data
+    from dapo_jax.eval_command.sets import check_exists, parse_data
     from dapo_jax.training.sources import load_source
 
     target, overrides = _split_config_and_overrides(args.items)
@@ -137,6 +137,8 @@ def cmd_eval(args) -> int:
     model = args.model or str(_resolve_config(target))
     resolved = resolve_target(model, checkpoint=args.checkpoint, overrides=overrides)
     template = args.template or _default_template(resolved)
+    for d in args.data or []:
+        check_exists(d)
     sets = [parse_data(d, format=args.format, template=template, reward=args.reward, limit=args.limit,
                        prompt_field=args.prompt_field, answer_field=args.answer_field) for d in args.data or []]
     for spec in sets:  # each file read and its fields found before the model loads (a one-line DataError)
@@ -194,6 +196,8 @@ def cmd_export(args) -> int:
 def cmd_show(args) -> int:
     from dapo_jax.show import show_rollouts
 
+    if not Path(args.run_dir).exists():
+        raise ConfigError(f"show: {args.run_dir} does not exist: name a run directory (train.run_dir)")
     show_rollouts(args.run_dir, args.step, groups=args.groups, width=args.width, plain=args.plain or None)
     return 0
 

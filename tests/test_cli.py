@@ -178,9 +178,10 @@ def test_eval_data_takes_the_field_keys_and_checks_the_file_before_the_model(tra
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(f"dapo-jax: DataError: {data}: ") and words in err[0], err
     missing = tmp_path / "nope.jsonl"
-    assert main(["eval", "--model", str(broken), "--data", str(missing), "--format", "custom"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"data file {missing}: no such file" in err[0], err
+    for extra in (["--format", "custom"], []):  # without --format: the path, not the format it cannot tell
+        assert main(["eval", "--model", str(broken), "--data", str(missing), *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"dapo-jax: ConfigError: --data {missing}: {missing} does not exist"], err
     assert main(["eval", "--model", str(run_dir), "--data", str(data), "--format", "custom", "--prompt-field",
                  "q.text", "--answer-field", "a", "--k", "1", "--out", str(tmp_path / "out")]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

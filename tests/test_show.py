@@ -24,3 +24,10 @@ def test_show_cli_and_missing_step(tiny_dapo_run, capsys):
     assert "step 1" in capsys.readouterr().out
     assert main(["show", str(run_dir), "7"]) == 2
     assert "logged steps: [1, 2]" in capsys.readouterr().err
+
+
+def test_show_of_a_path_that_does_not_exist_says_so(tmp_path, capsys):
+    missing = tmp_path / "no_such_run"
+    assert main(["show", str(missing)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"dapo-jax: ConfigError: show: {missing} does not exist: name a run directory (train.run_dir)"]

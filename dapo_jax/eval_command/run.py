@@ -41,6 +41,7 @@ from dapo_jax.training.config.run import (ConfigError, RunConfig, config_from_di
     resolve_path)
 from dapo_jax.training.evaluate import eval_key, evaluate
 from dapo_jax.training.metrics import read_metrics
+from dapo_jax.training.state.checkpoint import ROTATION_RETRIES
 
 _BASE_RUN_DIR = "<no run: a base model>"
 
@@ -133,7 +134,6 @@ def _run_target(cfg: RunConfig, run_dir: Path, checkpoint: int | None) -> Target
     return Target(cfg, ckpts / str(checkpoint), run_dir, f"{run_dir} (step {checkpoint})", newest=newest)
 
 
-ROTATION_RETRIES = 5  # a checkpoint deleted under us this many times in a row is no longer a race
 
 
 def load_checkpoint(target: Target, mesh, *, say=lambda msg: print(msg, file=sys.stderr, flush=True)):

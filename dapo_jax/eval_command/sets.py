@@ -25,7 +25,7 @@ import dataclasses
 from pathlib import Path
 
 from dapo_jax.data.datasets import FORMATS
-from dapo_jax.training.config.run import ConfigError, RewardFunction, RewardSection, SourceSection
+from dapo_jax.training.config.run import ConfigError, RewardFunction, RewardSection, SourceSection, resolve_path
 
 FORMAT_REWARDS = {"gsm8k": "gsm8k", "math500": "math_verify", "aime": "integer", "amc": "math_verify",
                   "dapo_math": "dapo_answer", "synthetic": "synthetic", "custom": "math_verify"}
@@ -57,6 +57,15 @@ def infer_format(*texts: str) -> str | None:
     return None
 
 
+def check_exists(arg: str) -> None:
+    """Raises `ConfigError` when `--data [NAME=]PATH` names a file or folder (not a built-in task or a hub
+    name, as training's sources tell them) that does not exist: before its format is guessed from the name."""
+    path = arg.partition("=")[2] if "=" in arg else arg
+    local = Path(path).suffix in (".jsonl", ".json", ".parquet", ".csv") or path.startswith((".", "/", "~"))
+    if local and not resolve_path(path).exists():
+        raise ConfigError(f"--data {arg}: {path} does not exist")
+
+
 def default_name(path: str) -> str:
     """`data/gsm8k/test.jsonl` -> `gsm8k`; `aime2024.jsonl` -> `aime2024`."""
     p = Path(path)
@@ -84,4 +93,4 @@ def parse_data(arg: str, *, format: str | None = None, template: str = "raw", re
                    reward=RewardSection(functions=[RewardFunction(name=reward_name)], on_error="wrong"))
 
 
-__all__ = ["EvalSet", "FORMAT_REWARDS", "default_name", "infer_format", "parse_data"]
+__all__ = ["EvalSet", "FORMAT_REWARDS", "check_exists", "default_name", "infer_format", "parse_data"]

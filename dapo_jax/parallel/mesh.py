@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 import threading
 from collections.abc import Sequence
 
@@ -108,8 +109,29 @@ def _in_multiprocess_cluster() -> bool:
     return "," in env.get("TPU_WORKER_HOSTNAMES", "")
 
 
+START_TIMEOUT_S = 300  # mesh.distributed.start_timeout_s: how long a process waits for all the others to start
+PEER_LOST_EXIT_CODE = 7  # as parallel.peers.PeerLost: another process of the run is gone, or never came
+
+
+def _not_all_started(process_id: int | None, num_processes: int | None, coordinator: str | None,
+                     timeout_s: float) -> None:
+    """The start-up watchdog's end: one line, then exit at once. JAX's own end (its client aborting from
+    C++ when `initialization_timeout` passes, "another task died", a stack dump, exit 134) never comes:
+    `jax.distributed.initialize` waits inside C++ with the GIL released, so this thread runs meanwhile."""
+    me = "this process" if process_id is None else f"process {process_id}"
+    n = f"{num_processes}" if num_processes is not None else "all"
+    where = coordinator or "the coordinator found in the cluster's environment"
+    print(f"dapo-jax: PeerLost: {me} waited {timeout_s:g} s (mesh.distributed.start_timeout_s) for the run's {n} "
+          f"processes to start and join at {where}, and not all did: start every process with the same command "
+          f"(process_id 0 to {n} - 1) and check that every host reaches the coordinator; nothing was written",
+          file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(PEER_LOST_EXIT_CODE)
+
+
 def maybe_initialize_distributed(
-    coordinator_address: str | None = None, num_processes: int | None = None, process_id: int | None = None
+    coordinator_address: str | None = None, num_processes: int | None = None, process_id: int | None = None,
+    start_timeout_s: float = START_TIMEOUT_S,
 ) -> bool:
     """Starts JAX's multi-process runtime when this process is one of several; returns whether it did.
 
@@ -123,16 +145,23 @@ def maybe_initialize_distributed(
     - Anything else (a hand-launched GPU cluster, Kubernetes): pass ``coordinator_address="host0:1234"``,
       ``num_processes`` and this process's ``process_id`` (or set ``JAX_COORDINATOR_ADDRESS`` etc.).
 
-    Calling it again after a successful initialisation is a no-op that returns ``True``.
+    Calling it again after a successful initialisation is a no-op that returns ``True``. A process still
+    waiting for the others after ``start_timeout_s`` seconds prints one line and exits 7.
     """
     if jax.distributed.is_initialized():
         return True
     explicit = any(arg is not None for arg in (coordinator_address, num_processes, process_id))
     if not explicit and not _in_multiprocess_cluster():
         return False
-    jax.distributed.initialize(
-        coordinator_address=coordinator_address, num_processes=num_processes, process_id=process_id
-    )
+    watchdog = threading.Timer(start_timeout_s, _not_all_started,
+                               args=(process_id, num_processes, coordinator_address, start_timeout_s))
+    watchdog.daemon = True
+    watchdog.start()
+    try:  # JAX's own bound comes later: its abort never comes first
+        jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
+                                   process_id=process_id, initialization_timeout=math.ceil(start_timeout_s) + 60)
+    finally:
+        watchdog.cancel()
     log.info("jax.distributed initialised: process %d of %d", jax.process_index(), jax.process_count())
     return True
 

@@ -10,7 +10,9 @@ the coordination service's heartbeat timeout (100 s) and ends in a C++ abort wit
 (exit 134). PeerWatch turns it into one line that names the lost processes: each process bumps its
 own key `dapo_jax/alive/<i>` every `beat_s` seconds; when an exception leaves the block, the peers
 whose counter stood still for `settle_s` seconds are the lost ones (all of them, when the store
-itself, which lives in process 0, cannot be reached). `PeerLost` asks the checkpointer not to wait
+itself, which lives in process 0, cannot be reached). A failed checkpoint save is checked the same way
+(Orbax's save runs collectives, so a peer killed during a save fails it with "Connection reset by
+peer"): with a peer gone it is `PeerLost`, not a folder's `CheckpointSaveError`. `PeerLost` asks the checkpointer not to wait
 for a save that needs the dead process, and the CLI exits at once (`os._exit`), skipping the
 shutdown barrier.
 
@@ -88,7 +90,9 @@ class PeerWatch:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self._stop.set()
-        if self.client is None or exc is None or isinstance(exc, (RunStopped, KeyboardInterrupt)):
+        if self.client is None or exc is None or isinstance(exc, KeyboardInterrupt):
+            return
+        if isinstance(exc, RunStopped) and not exc.peer_may_be_the_cause:  # PeerLost itself, a preemption, ...
             return
         lost = self.lost()
         if lost:

@@ -40,7 +40,8 @@ def start_processes(distributed=None) -> bool:
     is a multi-process run."""
     if distributed is None:
         return maybe_initialize_distributed()
-    return maybe_initialize_distributed(distributed.coordinator, distributed.num_processes, distributed.process_id)
+    return maybe_initialize_distributed(distributed.coordinator, distributed.num_processes, distributed.process_id,
+                                        distributed.start_timeout_s)
 
 
 def row_blocks(sharding: jax.sharding.Sharding, n: int) -> dict[int, tuple[int, int]]:

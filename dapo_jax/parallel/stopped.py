@@ -5,10 +5,13 @@ process (`parallel/peers.py`), which both raise it."""
 
 class RunStopped(RuntimeError):
     """The run stopped before its last step; `exit_code` is what the CLI returns. `abandon_saves`: the
-    checkpoint save in flight cannot complete (it failed, or a peer process is gone): not waited for."""
+    checkpoint save in flight cannot complete (it failed, or a peer process is gone): not waited for.
+    `peer_may_be_the_cause`: in a multi-process run, a peer's death can raise it (a save's collective
+    meets the dead process), so `parallel.peers.PeerWatch` checks the peers before letting it through."""
 
     exit_code = 1
     abandon_saves = False
+    peer_may_be_the_cause = False
 
 
 __all__ = ["RunStopped"]

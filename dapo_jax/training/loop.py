@@ -172,6 +172,7 @@ def train(cfg: RunConfig) -> dict:
             monitor.update(step, float(out.metrics.get("nonfinite_updates", 0.0)))
             if boundary.should_stop(step):
                 checkpoint(state, run)
+                ckpt.wait()  # here, where a peer's death during the save is named (PeerWatch), not at exit
                 raise boundary.preempted(step, ckpt.directory)
             if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0 and step < cfg.train.steps:
                 checkpoint(state, run)
@@ -187,6 +188,7 @@ def train(cfg: RunConfig) -> dict:
         if run.steps_skipped or stream.num_skipped:
             say(f"[dapo-jax] steps skipped (nothing kept): {run.steps_skipped}; prompts dropped as too long: "
                 f"{stream.num_skipped}", flush=True)
+        ckpt.wait()  # the last save, inside PeerWatch: a peer killed during it is named as such
     return last
 
 

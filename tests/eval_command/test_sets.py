@@ -43,3 +43,15 @@ def test_real_sets_load_and_their_answers_score_right(shared, parts):
     responses = [f"The answer is \\boxed{{{p.answer}}}.\n#### {p.answer}" for p in problems[:30]]
     _, correct, _ = score(responses, [p.answer for p in problems[:30]])
     assert correct.all(), [p.answer for p, c in zip(problems, correct) if not c]
+
+
+def test_check_exists_refuses_a_missing_file_and_passes_tasks_hub_names_and_real_files(tmp_path):
+    from dapo_jax.eval_command.sets import check_exists
+
+    real = tmp_path / "q.jsonl"
+    real.write_text("{}\n")
+    for arg in ("synthetic", "openai/gsm8k", str(real), f"mine={real}"):
+        check_exists(arg)
+    for arg in (str(tmp_path / "nope.jsonl"), f"mine={tmp_path}/nope.parquet", "./nope"):
+        with pytest.raises(ConfigError, match="does not exist$"):
+            check_exists(arg)

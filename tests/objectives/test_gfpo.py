@@ -240,7 +240,7 @@ def test_two_gfpo_steps_end_to_end(tmp_path):
 
     run_dir = tmp_path / "run"
     assert main(["train", str(REPO / "dapo_jax" / "configs" / "tiny_dapo.yaml"), "objective.name=gfpo", "train.steps=2", "train.eval_every=0",
-                 "train.eval_k=2", "data.eval_size=16", "train.checkpoint_every=1", "train.progress=false",
+                 "data.eval=null", "train.checkpoint_every=1", "train.progress=false",
                  "train.tensorboard=false", f"train.run_dir={run_dir}"]) == 0
     rows = [r for r in read_metrics(run_dir) if "reward_mean" in r]
     assert len(rows) == 2

@@ -1,8 +1,13 @@
 """`python -m tests.parallel.audited_train RECORD RUN_DIR dapo-jax-args...`: the CLI, recording in
 RECORD every file this process opens for writing, creates, renames or removes under RUN_DIR (Python's
-audit hooks), so a test can check what each process of a multi-process run wrote."""
+audit hooks), so a test can check what each process of a multi-process run wrote.
+
+With `AUDITED_TRAIN_SIGKILL_AT=PREFIX` in its environment, the process sends itself SIGKILL at its first
+recorded write under RUN_DIR/PREFIX (e.g. `checkpoints/3.orbax-checkpoint-tmp`: inside the save of
+checkpoint 3, while the other processes take part in it): a real kill -9 at a known point."""
 
 import os
+import signal
 import sys
 
 
@@ -10,6 +15,13 @@ def main() -> None:
     record, run_dir, args = sys.argv[1], os.path.realpath(sys.argv[2]), sys.argv[3:]
     out = open(record, "a", buffering=1)  # line by line: a SIGKILLed process keeps what it recorded
     writes = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+    kill_at = os.environ.get("AUDITED_TRAIN_SIGKILL_AT")
+
+    def write(line: str, rel: str) -> None:
+        out.write(line)
+        if kill_at and rel.startswith(kill_at):
+            out.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def under(path) -> str | None:
         try:
@@ -24,11 +36,11 @@ def main() -> None:
             if (isinstance(mode, str) and any(c in mode for c in "wax+")) or (mode is None and flags & writes):
                 rel = under(a[0])
                 if rel is not None:
-                    out.write(f"open {rel}\n")
+                    write(f"open {rel}\n", rel)
         elif event in ("os.mkdir", "os.rename", "os.remove", "os.rmdir", "os.truncate", "shutil.rmtree"):
             rel = under(a[0])
             if rel is not None:
-                out.write(f"{event} {rel}\n")
+                write(f"{event} {rel}\n", rel)
 
     sys.addaudithook(hook)
     from dapo_jax.cli import main as cli

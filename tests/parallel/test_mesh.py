@@ -1,4 +1,10 @@
-"""The ("data", "fsdp", "tensor") mesh helper on the 8 fake CPU devices of tests/conftest.py."""
+"""The ("data", "fsdp", "tensor") mesh helper on the 8 fake CPU devices of tests/conftest.py, and the
+start-up of a multi-process run (a process that never comes)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +17,10 @@ from dapo_jax.parallel import (
     AXES, MeshError, batch_divisor, batch_sharding, make_mesh, maybe_initialize_distributed,
     resolve_mesh_shape,
 )
+from tests.parallel.test_multiprocess import _free_port
+from tests.training.conftest import make_tiny_model, tiny_overrides
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_eight_fake_devices():
@@ -89,7 +99,8 @@ def test_single_process_does_not_initialize(no_cluster_env):
 
 def test_explicit_arguments_are_forwarded(no_cluster_env):
     assert maybe_initialize_distributed("host0:1234", 4, 2) is True
-    assert no_cluster_env == [dict(coordinator_address="host0:1234", num_processes=4, process_id=2)]
+    assert no_cluster_env == [dict(coordinator_address="host0:1234", num_processes=4, process_id=2,
+                                   initialization_timeout=360)]
 
 
 @pytest.mark.parametrize("var,value", [("SLURM_NTASKS", "2"), ("TPU_WORKER_HOSTNAMES", "w0,w1"),
@@ -97,7 +108,8 @@ def test_explicit_arguments_are_forwarded(no_cluster_env):
 def test_cluster_environment_triggers_autodetection(no_cluster_env, monkeypatch, var, value):
     monkeypatch.setenv(var, value)
     assert maybe_initialize_distributed() is True
-    assert no_cluster_env == [dict(coordinator_address=None, num_processes=None, process_id=None)]
+    assert no_cluster_env == [dict(coordinator_address=None, num_processes=None, process_id=None,
+                                   initialization_timeout=360)]
 
 
 def test_already_initialized_is_a_no_op(no_cluster_env, monkeypatch):
@@ -144,3 +156,22 @@ def test_per_batch_shard_runs_top_k_on_each_devices_rows():
     np.testing.assert_array_equal(values, want_v)
     np.testing.assert_array_equal(index, want_i)
     assert {s.data.shape for s in values.addressable_shards} == {(2, 5)}
+
+
+def test_a_run_whose_second_process_never_starts_ends_in_one_line_and_exit_7(tmp_path):
+    """Process 0 of a 2-process run alone (process 1 never starts): after mesh.distributed.start_timeout_s
+    it says so in one line and exits 7 (before: JAX's C++ abort after 300 s, "another task died", exit 134),
+    having written nothing."""
+    run_dir = tmp_path / "run"
+    args = [*tiny_overrides(make_tiny_model(tmp_path / "model"), run_dir), f"mesh.distributed.coordinator=localhost:"
+            f"{_free_port()}", "mesh.distributed.num_processes=2", "mesh.distributed.process_id=0",
+            "mesh.distributed.start_timeout_s=2"]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    done = subprocess.run([sys.executable, "-m", "dapo_jax.cli", "train", "tiny_dapo", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 7, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if line.startswith("dapo-jax:")]
+    assert len(lines) == 1 and lines[0].startswith("dapo-jax: PeerLost: process 0 waited 2 s (mesh.distributed."
+                                                   "start_timeout_s) for the run's 2 processes to start"), lines
+    assert "Traceback" not in done.stderr and "Check failure stack trace" not in done.stderr
+    assert not (run_dir / "config.yaml").exists() and not (run_dir / "checkpoints").exists()

@@ -1,14 +1,15 @@
 """Two processes (jax.distributed over localhost, one CPU device each, mesh fsdp=2) train as the
 one-process run on two devices does, each reading only its block of every generation batch; only
-process 0 writes; both are SIGKILLed after a checkpoint and the resumed pair ends where the
+process 0 writes. Process 1 is SIGKILLed inside the save of checkpoint 3: process 0 names it and
+exits 7 (PeerLost, not a save error blamed on the folder), and the resumed pair ends where the
 uninterrupted run does. A SIGTERM that reaches only one of them stops both at the same step with
 exit 143 (they agree at every step boundary; before, the pair deadlocked), and their resume ends
-where the others do. A process killed with SIGKILL is named by the survivor, which exits 7.
+where the others do. A process killed with SIGKILL mid-step is named by the survivor, which exits 7.
 
 One module-scoped fixture runs everything once: the one-process reference in this process (2 of its
-8 fake devices), and meanwhile the two-process run, killed once checkpoint 2 is on disk, then
-resumed by a second pair of processes; then a pair whose process 1 gets SIGTERM and a pair whose
-process 1 is SIGKILLed, side by side, and the resume of the first. The tiny run uses DAPO's dynamic
+8 fake devices), and meanwhile the two-process run whose process 1 dies in a save, then resumed by
+a second pair of processes; then a pair whose process 1 gets SIGTERM and a pair whose process 1 is
+SIGKILLed mid-step, side by side, and the resume of the first. The tiny run uses DAPO's dynamic
 sampling with up to two generation rounds per step, so the processes must agree on every round.
 """
 
@@ -35,12 +36,12 @@ from tests.training.conftest import make_tiny_model, tiny_overrides
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS = 5
+STEPS = 4
 EXTRA = {"train.steps": STEPS, "train.checkpoint_every": 1, "data.eval": "null", "mesh.fsdp": 2,
          "train.tensorboard": "true", "train.rollouts_every": 1}
 COMPARED = ("reward_mean", "accuracy", "kept_fraction", "gen_rounds", "response_length_mean", "loss", "grad_norm",
             "entropy")
-TIMEOUT_S = 1200  # the whole fixture's bound, against a hang (the bug it tests was one)
+TIMEOUT_S = 1500  # the whole fixture's bound, against a hang (the bug it tests was one)
 
 
 def _free_port() -> int:
@@ -49,12 +50,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(model_dir: Path, run_dir: Path, tag: str) -> list[tuple[subprocess.Popen, Path, Path]]:
-    """Starts the two processes of a run (`tests/parallel/audited_train.py` records what each writes)."""
+def _launch(model_dir: Path, run_dir: Path, tag: str, kill_1_at: str | None = None
+            ) -> list[tuple[subprocess.Popen, Path, Path]]:
+    """Starts the two processes of a run (`tests/parallel/audited_train.py` records what each writes;
+    with `kill_1_at`, process 1 SIGKILLs itself at its first write under RUN_DIR/kill_1_at)."""
     port = _free_port()
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"}
     out = []
     for i in range(2):
+        if i == 1 and kill_1_at:
+            env = {**env, "AUDITED_TRAIN_SIGKILL_AT": kill_1_at}
         log, record = run_dir.parent / f"{tag}.p{i}.log", run_dir.parent / f"{tag}.p{i}.writes"
         cmd = [sys.executable, "-m", "tests.parallel.audited_train", str(record), str(run_dir), "train", "tiny_dapo",
                *tiny_overrides(model_dir, run_dir, **EXTRA), f"mesh.distributed.coordinator=localhost:{port}",
@@ -88,26 +93,12 @@ def runs(tmp_path_factory):
     deadline = time.time() + TIMEOUT_S
     two = root / "two" / "run"
     two.parent.mkdir()
-    first = _launch(model_dir, two, "first")
-    killed_at: list[int] = []
-
-    def kill_after_checkpoint_2():  # SIGKILL both once checkpoint 2 is complete (mid step 3 or so)
-        while time.time() < deadline and all(p.poll() is None for p, _, _ in first):
-            if (two / "checkpoints" / "2").is_dir():
-                for p, _, _ in first:
-                    p.send_signal(signal.SIGKILL)
-                killed_at.append(max(int(d.name) for d in (two / "checkpoints").iterdir() if d.name.isdigit()))
-                return
-            time.sleep(0.02)
-
-    killer = threading.Thread(target=kill_after_checkpoint_2)
-    killer.start()
+    first = _launch(model_dir, two, "first", kill_1_at="checkpoints/3.orbax-checkpoint-tmp")  # dies saving 3
     one = root / "one" / "run"
     cfg = load_config(None, tiny_overrides(model_dir, one, **EXTRA))
     train(cfg)  # the reference: one process, the same 2-device mesh
-    killer.join()
     _wait(first, deadline)
-    assert killed_at and [p.returncode for p, _, _ in first] == [-signal.SIGKILL] * 2, _tail(first)
+    saved_first = sorted(int(d.name) for d in (two / "checkpoints").iterdir() if d.name.isdigit())
     resumed = _launch(model_dir, two, "resumed")
     _wait(resumed, deadline)
     assert [p.returncode for p, _, _ in resumed] == [0, 0], _tail(resumed)
@@ -139,12 +130,26 @@ def runs(tmp_path_factory):
     _wait(termed + killed, min(deadline, time.time() + 300))  # after the signal: a bound against the deadlock
     term_resumed = _launch(model_dir, term, "term_resumed")
     _wait(term_resumed, deadline)
-    return {"cfg": cfg, "one": one, "two": two, "first": first, "resumed": resumed, "resumed_from": resumed_from[0],
+    return {"cfg": cfg, "one": one, "two": two, "first": first, "saved_first": saved_first, "resumed": resumed, "resumed_from": resumed_from[0],
             "term": term, "termed": termed, "term_resumed": term_resumed, "killed": killed, "signalled": signalled}
 
 
 def _rows(run_dir: Path) -> list[dict]:
     return [r for r in read_metrics(run_dir) if "grad_norm" in r]
+
+
+def test_a_process_killed_during_a_save_is_named_by_the_survivor_not_blamed_on_the_folder(runs):
+    """kill -9 of process 1 inside the save of checkpoint 3 (Orbax's save runs collectives with it):
+    process 0 exits 7 with one PeerLost line naming process 1 (before: exit 6, `CheckpointSaveError:
+    ... Gloo AllGather failed: ... Connection reset by peer ... Fix the folder and rerun`)."""
+    (p0, log0, _), (p1, _, record1) = runs["first"]
+    assert p1.returncode == -signal.SIGKILL, _tail(runs["first"])
+    assert record1.read_text().splitlines()[-1].split()[1].startswith("checkpoints/3.orbax-checkpoint-tmp")
+    assert p0.returncode == 7, _tail(runs["first"])
+    lines = [line for line in log0.read_text().splitlines() if line.startswith("dapo-jax:")]
+    assert len(lines) == 1 and "PeerLost: process(es) [1] of the run's 2 stopped answering" in lines[0], lines
+    assert "Fix the folder" not in lines[0] and "Check failure stack trace" not in log0.read_text()
+    assert runs["saved_first"] == [1, 2]  # checkpoint 3, the save it died in, never completed (keep 2)
 
 
 def test_two_processes_train_as_one_and_resume_after_sigkill_where_it_would_have_been(runs):
@@ -154,7 +159,7 @@ def test_two_processes_train_as_one_and_resume_after_sigkill_where_it_would_have
         np.testing.assert_allclose([r[key] for r in two], [r[key] for r in one], rtol=1e-5, atol=1e-7, err_msg=key)
     # dynamic sampling ran a second round in some step: both processes agreed on it (no deadlock)
     assert max(r["gen_rounds"] for r in two) == 2
-    assert 2 <= runs["resumed_from"] < STEPS  # killed after checkpoint 2, before the last one
+    assert runs["resumed_from"] == 2  # the last checkpoint complete before the save process 1 died in
     # the final weights: the two-process checkpoint, restored in this one process, equals the reference's
     step_a, params_a = _params(runs["cfg"], runs["one"])
     step_b, params_b = _params(runs["cfg"], runs["two"])

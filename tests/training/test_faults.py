@@ -590,6 +590,7 @@ def test_a_signal_while_the_data_loads_is_one_line_and_143(tmp_path, tiny_model_
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None and not _blocked_opening_a_fifo(proc.pid):
         time.sleep(0.1)  # until it is blocked opening the pipe
+    assert _blocked_opening_a_fifo(proc.pid), "the run never blocked opening the pipe"
     assert _catches(proc.pid, sig)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
@@ -599,10 +600,21 @@ def test_a_signal_while_the_data_loads_is_one_line_and_143(tmp_path, tiny_model_
     assert_nothing_written(run_dir)
 
 
+# where the kernel parks an open() of a named pipe until a writer comes: fifo_open (older kernels),
+# wait_for_partner (6.x); openat is syscall 257 on x86_64 and 56 on aarch64 and riscv64
+FIFO_WAITS = {"fifo_open", "wait_for_partner"}
+OPENAT = {"x86_64": 257, "aarch64": 56, "riscv64": 56}.get(os.uname().machine)
+
+
 def _blocked_opening_a_fifo(pid: int) -> bool:
-    """Whether process `pid`'s main thread waits in the kernel to open a named pipe."""
+    """Whether process `pid`'s main thread waits in the kernel to open a named pipe: its wait channel is the
+    pipe's, or (where wchan reads 0) it sleeps inside openat. Reading /proc changes nothing for the process."""
     try:
-        return Path(f"/proc/{pid}/wchan").read_text().strip() == "fifo_open"
+        if Path(f"/proc/{pid}/wchan").read_text().strip() in FIFO_WAITS:
+            return True
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        call = Path(f"/proc/{pid}/syscall").read_text().split()
+        return state == "S" and bool(call) and call[0] == str(OPENAT)
     except OSError:
         return False
 

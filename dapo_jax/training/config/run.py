@@ -249,6 +249,8 @@ class DistributedSection(_Section):
     coordinator: str | None = None  # host:port of process 0; all None = read from the cluster's environment
     num_processes: int | None = Field(default=None, gt=0)  # processes in the run (hosts)
     process_id: int | None = Field(default=None, ge=0)  # this process's index
+    # how long a process waits for every process of the run to start and join; then one line and exit 7
+    start_timeout_s: float = Field(default=300.0, gt=0)
 
 
 class MeshSection(_Section):

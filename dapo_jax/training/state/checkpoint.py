@@ -84,6 +84,14 @@ class CheckpointUnreadableError(CheckpointError):
     """Checkpoints exist but none of them is readable."""
 
 
+class CheckpointRotatedError(CheckpointError):
+    """The checkpoint was deleted before or while it was read: the training run writing into the folder
+    keeps only its newest `train.keep_checkpoints` (Orbax deletes the older ones). Not a corrupt one."""
+
+
+ROTATION_RETRIES = 5  # the newest deleted under a reader this many times in a row is no longer a race
+
+
 class NonFiniteStateError(CheckpointError):
     """`save` refused a state holding NaN or inf; nothing was written."""
 
@@ -299,11 +307,13 @@ class Checkpointer:
         where = f"{self.directory}/{step}"
         if step not in self.all_steps():
             raise FileNotFoundError(f"no checkpoint {where}; the checkpoints there are steps {self.all_steps()}")
+        self._check_not_rotated(step, None)
         try:
             meta = dict(self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"])
         except Exception as e:  # noqa: BLE001 - any failure to read the JSON is a corrupt checkpoint
             if _is_out_of_memory(e):
                 raise
+            self._check_not_rotated(step, e)
             raise CheckpointCorruptError(f"checkpoint {where} is unreadable: its meta JSON cannot be read "
                                          f"({type(e).__name__}: {str(e)[:300]})") from e
         sums = meta.pop("checksums", None)
@@ -329,6 +339,7 @@ class Checkpointer:
         except Exception as e:  # noqa: BLE001 - a file missing, truncated or garbled
             if _is_out_of_memory(e):
                 raise
+            self._check_not_rotated(step, e)
             raise CheckpointCorruptError(f"checkpoint {where} is unreadable ({type(e).__name__}: "
                                          f"{str(e)[:300]})") from e
         carry = None
@@ -341,6 +352,15 @@ class Checkpointer:
             if critic is not None:
                 _verify(out["critic"], sums["critic"], where, "critic")
         return Restored(step, out["state"], meta, carry, [], out["critic"] if critic is not None else None)
+
+    def _check_not_rotated(self, step: int, error: BaseException | None) -> None:
+        """Raises CheckpointRotatedError when checkpoint `step`'s folder is gone (listed by Orbax a moment
+        ago, then deleted by the training run's rotation): a read that failed because of it is no corruption."""
+        if not (self.directory / str(step)).is_dir():
+            raise CheckpointRotatedError(
+                f"checkpoint {self.directory}/{step} was deleted while it was read: the training run writing "
+                f"there keeps only its newest train.keep_checkpoints; name a newer one, or the run dir for its "
+                f"newest") from error
 
     def restore_latest(self, target, *, critic=None) -> Restored | None:
         """The newest good checkpoint, after quarantining every newer corrupt one; None when there is
@@ -379,25 +399,49 @@ class Checkpointer:
         return dest
 
 
+def _reader(directory) -> Checkpointer:
+    """A Checkpointer to read from. Orbax lists the step folders, then reads each one's time: a step that a
+    training run's rotation deleted in between fails the listing (FileNotFoundError), which is listed again."""
+    for attempt in range(ROTATION_RETRIES + 1):
+        try:
+            return Checkpointer(directory, async_save=False)
+        except FileNotFoundError:
+            if attempt == ROTATION_RETRIES:
+                raise
+    raise AssertionError("unreachable")
+
+
 def restore_params(checkpoint_dir: str | Path, target, step: int | None = None) -> Restored:
     """A checkpoint (newest good one when `step` is None) for eval and export: read-only, verified.
 
-    Skips a corrupt newest checkpoint with a RuntimeWarning; raises CheckpointUnreadableError when
-    none is good, CheckpointCorruptError when `step` is given and corrupt, FileNotFoundError when
-    there is no checkpoint."""
-    ckpt = Checkpointer(checkpoint_dir, async_save=False)
+    Skips a corrupt newest checkpoint with a RuntimeWarning; when a training run's rotation deletes the
+    newest before or while it is read, reads the newest one then on disk (a RuntimeWarning says so).
+    Raises CheckpointUnreadableError when none is good, CheckpointCorruptError when `step` is given and
+    corrupt, CheckpointRotatedError when `step` is given and was deleted, FileNotFoundError when there is
+    no checkpoint."""
+    ckpt = _reader(checkpoint_dir)
     try:
         if step is not None:
             return ckpt.restore(step, target)
-        steps = ckpt.all_steps()[::-1]
-        if not steps:
-            raise FileNotFoundError(f"no checkpoint in {checkpoint_dir}")
-        for s in steps:
+        for _ in range(ROTATION_RETRIES + 1):
+            steps = ckpt.all_steps()[::-1]
+            if not steps:
+                raise FileNotFoundError(f"no checkpoint in {checkpoint_dir}")
             try:
-                return ckpt.restore(s, target)
-            except CheckpointCorruptError as e:
-                warnings.warn(f"{e}; using the previous checkpoint", RuntimeWarning, stacklevel=2)
-        raise CheckpointUnreadableError(f"no readable checkpoint in {checkpoint_dir}: steps {steps} are all "
-                                        f"corrupt or unreadable")
+                for s in steps:
+                    try:
+                        return ckpt.restore(s, target)
+                    except CheckpointCorruptError as e:
+                        warnings.warn(f"{e}; using the previous checkpoint", RuntimeWarning, stacklevel=2)
+            except CheckpointRotatedError as e:
+                warnings.warn(f"{e}: reading the newest one now", RuntimeWarning, stacklevel=2)
+                ckpt.close()
+                ckpt = _reader(checkpoint_dir)  # the steps on disk now
+                continue
+            raise CheckpointUnreadableError(f"no readable checkpoint in {checkpoint_dir}: steps {steps} are all "
+                                            f"corrupt or unreadable")
+        raise CheckpointUnreadableError(f"no readable checkpoint in {checkpoint_dir}: the newest was deleted while "
+                                        f"it was read {ROTATION_RETRIES + 1} times in a row (a training run saving "
+                                        f"faster than it can be read?)")
     finally:
         ckpt.close()

@@ -33,6 +33,7 @@ class CheckpointSaveError(RunStopped):
 
     exit_code = 6
     abandon_saves = True
+    peer_may_be_the_cause = True  # Orbax's save runs collectives: a killed peer fails it here (PeerLost then)
 
 
 # what a user can do about each errno: the cause as one phrase

@@ -23,8 +23,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from dapo_jax.parallel.mesh import make_mesh
 from dapo_jax.training.state.checkpoint import (
-    CheckpointCorruptError, CheckpointError, Checkpointer, CheckpointUnreadableError, NonFiniteStateError,
-    restore_params,
+    CheckpointCorruptError, CheckpointError, Checkpointer, CheckpointRotatedError, CheckpointUnreadableError,
+    NonFiniteStateError, restore_params,
 )
 from dapo_jax.training.update.train_step import init_train_state
 from tests.training.state.checkpoint_killer import big_carry, big_state
@@ -407,3 +407,40 @@ def test_the_closed_loop_echoes_of_a_failed_save_are_not_printed(monkeypatch):
                                                      err_msg=None, object=None))
             sys.excepthook(type(e), e, tb)
     assert seen == [ZeroDivisionError, ZeroDivisionError]
+
+
+def test_reads_while_a_writer_rotates_for_real_never_call_a_rotated_checkpoint_corrupt(tmp_path):
+    """A process saves over and over (keep 2: Orbax deletes the older checkpoint at every save) while this
+    one reads, as `eval` and `export` do during a training run. The newest is read bit-exactly (when it is
+    deleted before or while it is read, the newest one then on disk is, with a warning saying so); a step
+    named by number that rotation deleted is CheckpointRotatedError or FileNotFoundError, never corrupt."""
+    proc = subprocess.Popen([sys.executable, "-m", "tests.training.state.checkpoint_killer", str(tmp_path)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    target = {k: jnp.zeros_like(v) for k, v in big_state(0).items()}
+    read, met, outcomes = set(), 0, set()
+    try:
+        assert proc.stdout.readline().strip() == "ready", proc.stderr.read()[-2000:]
+        for _ in range(6):  # the newest, while the writer rotates
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                r = restore_params(tmp_path, target)
+            assert not [w for w in caught if "corrupt" in str(w.message)], [str(w.message) for w in caught]
+            met += sum("was deleted while it was read" in str(w.message) for w in caught)
+            assert_same(r.state, big_state(r.step))
+            read.add(r.step)
+        oldest = min(int(p.name) for p in tmp_path.iterdir() if p.name.isdigit())
+        for _ in range(40):  # one step by number, until rotation has deleted it
+            try:
+                r = restore_params(tmp_path, target, step=oldest)
+                assert_same(r.state, big_state(oldest))
+                outcomes.add("read")
+            except (CheckpointRotatedError, FileNotFoundError) as e:
+                outcomes.add(type(e).__name__)
+                if isinstance(e, FileNotFoundError):
+                    break
+        assert proc.poll() is None, proc.stderr.read()[-2000:]  # the writer rotated all along
+    finally:
+        proc.kill()
+        proc.wait()
+    assert len(read) > 1 and "FileNotFoundError" in outcomes, (read, outcomes)
+    print(f"newest read at steps {sorted(read)}, rotated under the reader {met} time(s); by number: {outcomes}")
