@@ -18,8 +18,10 @@ call gets `?` back: same model, same budget, same turns, no help.
 
 Writes `results.json.gz` (every curve, the training steps' own metrics, timings, the summary with
 Welch's test of the final held-out accuracies) and `agent_calc.png` into `--out`.
-Status (2026-11-27): measured, 3 seeds per arm; the numbers and the figure are in docs/agents.md
-("The embedded calculator task"), the runs in results/agent_calc/.
+Status (2026-11-27): measured with `--warm-steps 600 --tool-demos 0.25`, 3 seeds per arm, at lr 1e-3 (the
+default) and 3e-4 (better: 0.78 held-out accuracy with the tool against 0.38 without, Welch p = 1.4e-05);
+the numbers and figures are in docs/agents.md ("The embedded calculator task"), the runs in
+results/agent_calc/ and results/agent_calc_lr3e-4/.
 """
 
 from __future__ import annotations
@@ -331,7 +333,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--warm-steps", type=int, default=700)
+    parser.add_argument("--warm-steps", type=int, default=600)
     parser.add_argument("--warm-seed", type=int, default=0)
     parser.add_argument("--tool-demos", type=float, default=0.25)
     parser.add_argument("--group-size", type=int, default=8)
