@@ -22,6 +22,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from dapo_jax.objectives.adaptive_entropy import entropy_controller
 from dapo_jax.parallel.host import to_global
 from dapo_jax.parallel.peers import PeerWatch
 from dapo_jax.training import sources
@@ -134,7 +135,8 @@ def train(cfg: RunConfig) -> dict:
             group_filter, rollout_log, key, difficulty, tuple(cfg.data.sources or ()))
         learner = Learner(programs.prepare, programs.train_step, policy, ref_params, critic, batch_sharding(mesh),
                           reward_parts=objective.multi_reward == "normalize_then_sum",  # [P, G, K] (rewards/pipeline.py)
-                          step_rewards=step_scorer is not None, teacher=teacher)
+                          step_rewards=step_scorer is not None, teacher=teacher,
+                          entropy_control=entropy_controller(objective))  # objective.entropy_target, or None
         evaluation = Evaluation(programs.generate_eval, policy, eval_stream, tokenizer, scorer.for_eval, eval_key(key),
                                 batch_sharding(mesh), cfg, writer, say)
         monitor = NonFiniteMonitor(cfg.train.max_nonfinite_steps, lambda: max(ckpt.all_steps(), default=None))

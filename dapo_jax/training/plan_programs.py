@@ -225,13 +225,16 @@ class World:
     def _update_jobs(self, batch) -> list[Job]:
         cfg, p, state = self.cfg, self.programs, self.state
         o, r = cfg.optim, cfg.rollout
-        kwargs = self.policy.step_kwargs
+        rep = NamedSharding(self.mesh, PartitionSpec())
+        coef = _sds(jax.ShapeDtypeStruct((), jnp.float32), rep) if cfg.objective_config.adaptive_entropy else None
+        kwargs = {**self.policy.step_kwargs, **({} if coef is None else {"entropy_coef": coef})}  # α_k: a scalar
         words = f"{o.num_minibatches} mini-batches x {o.micro_batches} micro-batches of {r.train_batch} prompts x {r.G}"
         if not p.packed:
             return [Job("update", "update", p.train_step, (state, batch), kwargs, resident=(state, kwargs),
                         attention=p.attention["update"],
                         shape=f"{words}, S+T {cfg.data.max_prompt_length + r.max_new_tokens}")]
         from dapo_jax.data.packing import tail_heights
+        from dapo_jax.training.train_step import with_entropy_coef
 
         step = p.train_step
         progs, frozen = step.programs, self.policy.frozen
@@ -242,6 +245,7 @@ class World:
         mini = self.lay_out(jax.eval_shape(progs["select"], batch, idx))
         stats = jax.tree.map(lambda x: _sds(x, NamedSharding(self.mesh, PartitionSpec())),
                              jax.eval_shape(progs["start"], state.params, mini, frozen))
+        stats = (with_entropy_coef(stats[0], coef), stats[1])
         held = shard_bytes(batch)  # the step keeps the prepared batch while its mini-batches run
 
         def chunk(h):
