@@ -175,6 +175,10 @@ def train(cfg: RunConfig) -> dict:
             if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.steps:
                 last.update(evaluation(step, state.params))
                 evaluated_at = step
+                if cfg.train.stop_at_accuracy is not None and last.get("eval/accuracy", -1.0) >= cfg.train.stop_at_accuracy:
+                    say(f"[dapo-jax] eval/accuracy {last['eval/accuracy']:.3f} reached train.stop_at_accuracy="
+                        f"{cfg.train.stop_at_accuracy} at step {step}: stopping", flush=True)
+                    break
         progress.close()
         if not ckpt.all_steps() or max(ckpt.all_steps()) < run.step:
             checkpoint(state, run)

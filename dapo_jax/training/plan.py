@@ -157,6 +157,16 @@ def critic_model_config(cfg: RunConfig, policy_cfg):
     return _model_config(path, None, overrides, key="critic.path")[0]
 
 
+def teacher_model_config(cfg: RunConfig):
+    """On-policy distillation's teacher (`distill.teacher`): its config.json's shapes, or the published
+    shape its folder's name names; None without a teacher."""
+    if cfg.distill is None:
+        return None
+    m = cfg.model
+    overrides = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat=m.remat, attention=m.attention)
+    return _model_config(cfg.distill.teacher, None, overrides, key="distill.teacher")[0]
+
+
 def _model_config(model_path, model_config, overrides, *, key: str):
     from dapo_jax.models.config import ModelConfig
     from dapo_jax.training.known_shapes import KNOWN_SHAPES, known_shape
@@ -331,8 +341,9 @@ def make_plan(cfg: RunConfig, *, topology: str | None = None, device_memory_gib:
         from dapo_jax.training.estimate import step_time
 
         chip = tpu_slice.chip if tpu_slice else chip_for(devices[0].device_kind)  # a local GPU's, or None on a CPU
-        plan.estimate = step_time(cfg, model_cfg, mesh=dict(mesh.shape), chip=chip,
-                                  devices=n, share_prompts=full.programs.share_prompts, **estimate)
+        plan.estimate = step_time(cfg, model_cfg, mesh=dict(mesh.shape), chip=chip, devices=n,
+                                  share_prompts=full.programs.share_prompts, teacher=teacher_model_config(cfg),
+                                  **estimate)
     return plan
 
 
