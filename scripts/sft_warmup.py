@@ -23,7 +23,7 @@ from dapo_jax.cli import main as dapo_jax
 from dapo_jax.data.char_tokenizer import save_char_tokenizer
 from dapo_jax.models.hf_io import save_pretrained
 from dapo_jax.training.build import load_trained_model
-from dapo_jax.training.config import load_config
+from dapo_jax.training.config.run import load_config
 from dapo_jax.training.metrics import read_metrics
 
 

@@ -13,7 +13,7 @@ the step's token-mean entropy,
 This is the authors' code (`EntController`: one step of lag, the gate from the previous step's entropy);
 the paper as quoted gates with the current step's entropy, TRL increments on equality (docs/objectives.md
 lists the differences). Step 1 applies `α_1 = c_0` (`EntropyControl.start`). The controller's state
-`(c, g)` is the run's (`training/run_state.py` checkpoints it), the update below is pure.
+`(c, g)` is the run's (`training/state/run_state.py` checkpoints it), the update below is pure.
 """
 
 from __future__ import annotations

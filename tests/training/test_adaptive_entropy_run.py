@@ -7,12 +7,12 @@ import pytest
 from flax import nnx
 
 from dapo_jax.objectives.config import ObjectiveConfig
-from dapo_jax.training.checkpoint import Checkpointer
-from dapo_jax.training.config import OptimSection, load_config
+from dapo_jax.training.state.checkpoint import Checkpointer
+from dapo_jax.training.config.run import OptimSection, load_config
 from dapo_jax.training.metrics import read_metrics
-from dapo_jax.training.train_step import init_train_state, make_optimizer, make_train_step
+from dapo_jax.training.update.train_step import init_train_state, make_optimizer, make_train_step
 from tests.objectives.test_adaptive_entropy import numpy_controller
-from tests.training.test_train_step import make_batch, tiny_model
+from tests.training.update.test_train_step import make_batch, tiny_model
 
 
 def test_the_update_takes_alpha_as_an_input_and_subtracts_alpha_times_the_entropy():
