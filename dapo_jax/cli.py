@@ -236,6 +236,11 @@ def cmd_plan(args) -> int:
 
             plan = make_plan(cfg, topology=args.topology, **options)
             text, data, fits = format_plan(plan, title=config or str(MAIN_JOB)), plan_dict(plan), plan.fits
+            if not fits and not args.no_fit:  # the smallest change that makes it fit (training/plan/fit.py)
+                from dapo_jax.training.plan.fit import fit_dict, fit_search, format_fit
+
+                tries = fit_search(cfg, plan, topology=args.topology, **{**options, "estimate": None})
+                text, data = text + "\n" + format_fit(tries), {**data, "fit": fit_dict(tries)}
     except PlanCompileError as e:
         print(f"dapo-jax: the compiler failed: {e}", file=sys.stderr)
         return 1
@@ -397,6 +402,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "over its sizes and the data x fsdp x tensor meshes that divide the batch and the heads")
     p.add_argument("--model-config", dest="model_config", metavar="config.json",
                    help="the model's shapes (default: model.path's config.json, else the published shape its name names)")
+    p.add_argument("--no-fit", dest="no_fit", action="store_true", help="when the run does not fit, do not search "
+                   "for the smallest change that makes it fit (more micro-batches, smaller packed chunks, remat, "
+                   "another mesh: each compiled as a plan of its own, training/plan/fit.py)")
     p.add_argument("--exact", action="store_true", help="compile every layer (default: a model of more than 3 layers "
                    "is compiled at 2 and 3 and extrapolated per layer)")
     p.add_argument("--only", action="append", metavar="PROGRAM", help="compile only the programs whose names start "

@@ -11,24 +11,28 @@ held-out accuracy (temperature 1, one sample per problem, the RL configs' token 
 target band, so that RL has room: a right answer is often the mode but the chain of 1-11 lines,
 sampled token by token, often slips or rambles somewhere.
 
-Shares the data encoding, the teacher-forced log-probs and the supervised step with `scripts/make_tiny_base.py`;
-evaluates with the project's KV-cache sampler (responses are up to ~150 tokens). Writes the model
-(`hf_io.save_pretrained`), the tokenizer files, README.md and warmup_stats.json.
+The warm-up is `dapo-jax sft` (scripts/sft_warmup.py: the trainer's own SFT path, its packed update)
+stopped by `train.stop_at_accuracy`, with the RL configs' response budget: a trace longer than
+MAX_NEW_TOKENS (some verbose ones) is left out by the SFT data stream and counted, not cut. Shares the
+data encoding and the command line with `scripts/make_tiny_base.py`; measures lengths and greedy
+accuracy with the project's KV-cache sampler. Writes the model (`hf_io.save_pretrained`), the tokenizer
+files, README.md and warmup_stats.json. The shipped asset was made by the version of this script before
+it ran `dapo-jax sft` (commit c00707e and earlier: its own AdamW loop over length buckets, long traces cut,
+evaluations from step 600); rerunning this one makes a model of the same recipe, not the same bytes.
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
 # shared with the tiny base; run as a script, this folder is on sys.path
-from make_tiny_base import encode_rows, make_base, supervised_step  # noqa: E402
+from make_tiny_base import encode_rows, make_base  # noqa: E402
+from sft_warmup import sft_warm_up  # noqa: E402
 
 from dapo_jax.data import cot  # noqa: E402
 from dapo_jax.data.char_tokenizer import build_char_tokenizer  # noqa: E402
@@ -46,13 +50,11 @@ MODEL = dict(hidden_size=96, intermediate_size=256, num_hidden_layers=2, num_att
              rms_norm_eps=1e-6, tie_word_embeddings=True)
 PROMPT_LEN = 48           # = the configs' data.max_prompt_length (longest prompt: 45 characters)
 MAX_NEW_TOKENS = 144      # = the configs' rollout.max_new_tokens (longest reference trace + EOS: 139)
-BUCKETS = (48, 96, 160)   # response lengths of the fixed-shape training batches (longer: cut, no EOS)
 LEARNING_RATE = 1e-3      # 3e-3 delays the label lookup (an induction head) by hundreds of steps
 WARMUP_STEPS = 50
 WEIGHT_DECAY = 0.01
 BATCH = 32
 MAX_STEPS = 3000
-EVAL_FROM = 600           # no evaluation before (the lookup forms around step 600-800)
 EVAL_EVERY = 50
 EVAL_SIZE = 400           # held-out problems per accuracy estimate (all of them)
 TARGET_SAMPLED = 0.2      # stop at the first evaluation with sampled accuracy >= this (it rises ~10 points / 50 steps there)
@@ -85,23 +87,6 @@ def lookup_drills(rows, n: int, *, seed: int = SEED) -> list[dict]:
     return out
 
 
-def bucketed(tok, rows):
-    """Rows grouped by response length into `BUCKETS`: per bucket the arrays of `encode_rows`."""
-    lengths = np.array([len(r["answer"]) + 1 for r in rows])
-    which = np.minimum(np.searchsorted(BUCKETS, lengths), len(BUCKETS) - 1)
-    out = []
-    for b, size in enumerate(BUCKETS):
-        chosen = [r for r, w in zip(rows, which) if w == b]
-        # a trace longer than the last bucket is cut (no EOS there): the model learns to ramble on
-        chosen = [{**r, "answer": r["answer"][:size - 1]} if len(r["answer"]) >= size else r for r in chosen]
-        prompt_len = max(len(r["prompt"]) for r in chosen)  # short answers, short prompts: less padding
-        prompts, pmask, responses, rmask = encode_rows(tok, chosen, prompt_len, size)
-        long = np.array([len(r["answer"]) + 1 > size for r in chosen], bool)
-        rmask[long, -1] = 0  # the cut traces have no EOS: don't train a pad token there
-        out.append([jnp.asarray(a) for a in (prompts, pmask, responses, rmask)])
-    return out
-
-
 # ----------------------------------------------------------------------------- build
 def make_model(tok) -> Decoder:
     cfg = ModelConfig(model_type="qwen2", vocab_size=len(tok), attention_bias=True,
@@ -127,47 +112,32 @@ def make_evaluator(tok, graphdef, heldout):
     return evaluate
 
 
-def warm_up(*, log=print):
-    """Supervised warm-up with early stop; returns (model, tokenizer, stats)."""
+def warm_up(*, work: Path, log=print, max_steps: int = MAX_STEPS, eval_every: int = EVAL_EVERY,
+            eval_size: int = EVAL_SIZE, train_size: int | None = None, target: float = TARGET_SAMPLED):
+    """Supervised warm-up by `dapo-jax sft` in `work`, early stop; returns (model, tokenizer, stats)."""
     tok = build_char_tokenizer()
-    train = cot.cot_rows("train", **TASK)
-    heldout = cot.cot_rows("heldout", **TASK)[:EVAL_SIZE]
+    train = cot.cot_rows("train", **TASK)[:train_size]
+    heldout = cot.cot_rows("heldout", **TASK)[:eval_size]
     rows, counts = warmup_traces(train)
-    counts["drill"] = DRILLS
-    buckets = bucketed(tok, rows + lookup_drills(train, DRILLS))
-    sizes = np.array([b[0].shape[0] for b in buckets])
-    log(f"warm-up traces {counts}; per response bucket {dict(zip(BUCKETS, sizes.tolist()))}")
-
-    model = make_model(tok)
-    schedule = optax.linear_schedule(0.0, LEARNING_RATE, WARMUP_STEPS)
-    optimizer = nnx.Optimizer(model, optax.adamw(schedule, weight_decay=WEIGHT_DECAY), wrt=nnx.Param)
-
-    graphdef, _ = nnx.split(model)
+    drills = DRILLS if train_size is None else min(DRILLS, train_size)
+    counts["drill"] = drills
+    log(f"warm-up traces {counts}")
+    options = {k: v for k, v in TASK.items() if k != "seed"}
+    model, stats = sft_warm_up(
+        make_model(tok), tok, rows + lookup_drills(train, drills), work=work, log=log,
+        task={"name": "cot", "split": "heldout", "options": options}, reward="cot",
+        prompt_len=PROMPT_LEN, response_len=MAX_NEW_TOKENS, batch=BATCH, lr=LEARNING_RATE,
+        warmup_steps=WARMUP_STEPS, weight_decay=WEIGHT_DECAY, max_steps=max_steps, eval_every=eval_every,
+        eval_size=eval_size, target=target, seed=TASK["seed"])
+    graphdef, state = nnx.split(model)
     evaluate = make_evaluator(tok, graphdef, heldout)
-    rng = np.random.default_rng(SEED)
     eval_key = jax.random.key(SEED + 1)
-    orders = [rng.permutation(n) for n in sizes]
-    pos = [0] * len(sizes)
-    start = time.time()
-    for step in range(1, MAX_STEPS + 1):
-        b = int(rng.choice(len(sizes), p=sizes / sizes.sum()))  # each trace seen about equally often
-        if pos[b] + BATCH > sizes[b]:
-            orders[b], pos[b] = rng.permutation(sizes[b]), 0
-        idx = orders[b][pos[b]:pos[b] + BATCH]
-        pos[b] += BATCH
-        loss = supervised_step(model, optimizer, *(a[idx] for a in buckets[b]))
-        if (step >= EVAL_FROM and step % EVAL_EVERY == 0) or step == MAX_STEPS:
-            state = nnx.state(model)
-            sampled, lengths, truncated = evaluate(state, eval_key, False)
-            log(f"step {step:5d}  loss {float(loss):.4f}  held-out acc: sampled(T=1) {sampled:.3f}  "
-                f"sampled length mean {lengths.mean():.1f} truncated {truncated.mean():.3f}  ({time.time() - start:.0f} s)")
-            if sampled >= TARGET_SAMPLED:
-                break
+    _, lengths, truncated = evaluate(state, eval_key, False)
     greedy, _, greedy_trunc = evaluate(state, eval_key, True)
-    log(f"stopped after {step} steps: greedy {greedy:.3f} (truncated {greedy_trunc.mean():.3f})")
+    log(f"stopped after {stats['steps']} steps: sampled {stats['sampled_accuracy']:.3f}, greedy {greedy:.3f} "
+        f"(truncated {greedy_trunc.mean():.3f})")
     return model, tok, dict(
-        steps=step, loss=float(loss), sampled_accuracy=sampled, greedy_accuracy=greedy,
-        sampled_length_mean=float(lengths.mean()),
+        stats, greedy_accuracy=greedy, sampled_length_mean=float(lengths.mean()),
         sampled_length_percentiles={p: round(float(np.percentile(lengths, p)), 1) for p in (5, 25, 50, 75, 95)},
         sampled_truncated_fraction=float(truncated.mean()),
         greedy_truncated_fraction=float(greedy_trunc.mean()), trace_counts=counts)
@@ -185,11 +155,11 @@ Made by `python scripts/make_cot_base.py` (fixed seeds; about {seconds:.0f} s on
 - Tokenizer: character level (`dapo_jax.data.char_tokenizer`), vocabulary {cfg.vocab_size}, EOS `<|endoftext|>`.
 - Task: `dapo_jax.data.cot` with {TASK}: prompts such as `a5+b7+c4+d3=`, the response a running sum, one
   line per term (`a5+b7=12`, `12+c4=16`, `16+d3=19`), ending `Answer: 19` (see docs/cot_task.md).
-- Warm-up: supervised cross-entropy on the response tokens and EOS, traces mixed {MIX}
+- Warm-up: `dapo-jax sft` (supervised cross-entropy on the response tokens and EOS), traces mixed {MIX}
   plus {DRILLS} label-lookup drills ({stats.get('trace_counts')}), AdamW lr {LEARNING_RATE} (linear warm-up
-  {WARMUP_STEPS}), batch {BATCH}, fixed-shape batches of response length {BUCKETS}, stopped after
-  {stats.get('steps')} steps at the first evaluation (every {EVAL_EVERY} steps from step {EVAL_FROM}) with
-  sampled accuracy >= {TARGET_SAMPLED:.0%}.
+  {WARMUP_STEPS}), batch {BATCH}, responses over {MAX_NEW_TOKENS} tokens left out, stopped after
+  {stats.get('steps')} steps at the first evaluation (every {EVAL_EVERY} steps) with sampled accuracy >=
+  {TARGET_SAMPLED:.0%}.
 - Held-out accuracy ({EVAL_SIZE} problems, one response each, at most {MAX_NEW_TOKENS} new tokens): sampled at
   temperature 1 **{stats.get('sampled_accuracy', float('nan')):.1%}**, greedy **{stats.get('greedy_accuracy', float('nan')):.1%}**.
 - Sampled response length (EOS included): mean {stats.get('sampled_length_mean', float('nan')):.1f} tokens,

@@ -8,22 +8,25 @@ whose responses are of MIXED quality: the expression the target was drawn from (
 random expression over the same numbers (well-formed, almost always wrong). It is STOPPED EARLY once
 its sampled held-out accuracy (temperature 1, one sample per problem) enters the target band, so that
 RL has room: the model writes well-formed expressions over the given numbers, but few reach the target.
-Accuracy is judged by the `countdown` reward, in the sandbox.
+Accuracy is judged by the `countdown` reward, in the sandbox. The warm-up is `dapo-jax sft`
+(scripts/sft_warmup.py: the trainer's own SFT path) stopped by `train.stop_at_accuracy`; the command line
+is `make_tiny_base.make_base`'s. The shipped asset was made by the version of this script before it ran
+`dapo-jax sft` (commit c00707e and earlier: its own AdamW loop); rerunning this one makes a model of the
+same recipe, not the same bytes.
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
 # shared with the tiny base; run as a script, this folder is on sys.path
-from make_tiny_base import encode_rows, make_base, supervised_step  # noqa: E402
+from make_tiny_base import encode_rows, make_base  # noqa: E402
+from sft_warmup import sft_warm_up  # noqa: E402
 
 from dapo_jax.data import countdown  # noqa: E402
 from dapo_jax.data.char_tokenizer import build_char_tokenizer  # noqa: E402
@@ -46,7 +49,6 @@ WARMUP_STEPS = 50
 WEIGHT_DECAY = 0.01
 BATCH = 64
 MAX_STEPS = 3000
-EVAL_FROM = 100
 EVAL_EVERY = 50
 EVAL_SIZE = 200           # held-out problems per accuracy estimate (all of them)
 TARGET_SAMPLED = 0.12     # stop at the first evaluation with sampled accuracy >= this
@@ -89,40 +91,30 @@ def make_evaluator(tok, graphdef, heldout):
     return evaluate
 
 
-def warm_up(*, log=print):
-    """Supervised warm-up with early stop; returns (model, tokenizer, stats)."""
+def warm_up(*, work: Path, log=print, max_steps: int = MAX_STEPS, eval_every: int = EVAL_EVERY,
+            eval_size: int = EVAL_SIZE, train_size: int | None = None, target: float = TARGET_SAMPLED):
+    """Supervised warm-up by `dapo-jax sft` in `work`, early stop; returns (model, tokenizer, stats)."""
     tok = build_char_tokenizer()
-    train = countdown.countdown_rows("train", **TASK)
-    heldout = countdown.countdown_rows("heldout", **TASK)[:EVAL_SIZE]
+    train = countdown.countdown_rows("train", **TASK)[:train_size]
+    heldout = countdown.countdown_rows("heldout", **TASK)[:eval_size]
     rows, counts = warmup_rows(train)
-    arrays = [jnp.asarray(a) for a in encode_rows(tok, rows, PROMPT_LEN, MAX_NEW_TOKENS)]
     log(f"warm-up responses {counts}")
-
-    model = make_model(tok)
-    schedule = optax.linear_schedule(0.0, LEARNING_RATE, WARMUP_STEPS)
-    optimizer = nnx.Optimizer(model, optax.adamw(schedule, weight_decay=WEIGHT_DECAY), wrt=nnx.Param)
-    graphdef, _ = nnx.split(model)
+    options = {k: v for k, v in TASK.items() if k != "seed"}
+    model, stats = sft_warm_up(
+        make_model(tok), tok, rows, work=work, log=log,
+        task={"name": "countdown", "split": "heldout", "options": options}, reward="countdown",
+        prompt_len=PROMPT_LEN, response_len=MAX_NEW_TOKENS, batch=BATCH, lr=LEARNING_RATE,
+        warmup_steps=WARMUP_STEPS, weight_decay=WEIGHT_DECAY, max_steps=max_steps, eval_every=eval_every,
+        eval_size=eval_size, target=target, seed=TASK["seed"])
+    graphdef, state = nnx.split(model)
     evaluate = make_evaluator(tok, graphdef, heldout)
-    rng = np.random.default_rng(SEED)
     eval_key = jax.random.key(SEED + 1)
-    order, pos, start = rng.permutation(len(rows)), 0, time.time()
-    for step in range(1, MAX_STEPS + 1):
-        if pos + BATCH > len(rows):
-            order, pos = rng.permutation(len(rows)), 0
-        idx = order[pos:pos + BATCH]
-        pos += BATCH
-        loss = supervised_step(model, optimizer, *(a[idx] for a in arrays))
-        if (step >= EVAL_FROM and step % EVAL_EVERY == 0) or step == MAX_STEPS:
-            state = nnx.state(model)
-            sampled, lengths, texts = evaluate(state, eval_key, False)
-            log(f"step {step:5d}  loss {float(loss):.4f}  held-out acc: sampled(T=1) {sampled:.3f}  "
-                f"e.g. {texts[:4]}  ({time.time() - start:.0f} s)")
-            if sampled >= TARGET_SAMPLED:
-                break
+    _, lengths, texts = evaluate(state, eval_key, False)
     greedy, _, _ = evaluate(state, eval_key, True)
-    log(f"stopped after {step} steps: greedy {greedy:.3f}")
-    return model, tok, dict(steps=step, loss=float(loss), sampled_accuracy=sampled, greedy_accuracy=greedy,
-                            sampled_length_mean=float(lengths.mean()), response_counts=counts)
+    log(f"stopped after {stats['steps']} steps: sampled {stats['sampled_accuracy']:.3f}, greedy {greedy:.3f}, "
+        f"e.g. {texts[:4]}")
+    return model, tok, dict(stats, greedy_accuracy=greedy, sampled_length_mean=float(lengths.mean()),
+                            response_counts=counts)
 
 
 def write_readme(out: Path, cfg: ModelConfig, stats: dict, n_params: int, seconds: float):
@@ -137,10 +129,10 @@ Made by `python scripts/make_countdown_base.py` (fixed seeds; {seconds:.0f} s on
 - Task: `dapo_jax.data.countdown` with {TASK}: prompts such as `3,5,7 to 22:`, the response an
   expression using each number once (`3*5+7`), judged by the `countdown` reward in the sandbox
   (see docs/countdown.md).
-- Warm-up: supervised cross-entropy on the response tokens and EOS, responses {stats.get('response_counts')}
-  (the drawn expression, or a random one over the same numbers), AdamW lr {LEARNING_RATE} (linear warm-up
-  {WARMUP_STEPS}), batch {BATCH}, stopped after {stats.get('steps')} steps at the first evaluation (every
-  {EVAL_EVERY} steps from step {EVAL_FROM}) with sampled accuracy >= {TARGET_SAMPLED:.0%}.
+- Warm-up: `dapo-jax sft` (supervised cross-entropy on the response tokens and EOS), responses
+  {stats.get('response_counts')} (the drawn expression, or a random one over the same numbers), AdamW lr
+  {LEARNING_RATE} (linear warm-up {WARMUP_STEPS}), batch {BATCH}, stopped after {stats.get('steps')} steps at
+  the first evaluation (every {EVAL_EVERY} steps) with sampled accuracy >= {TARGET_SAMPLED:.0%}.
 - Held-out accuracy ({EVAL_SIZE} problems, one response each, at most {MAX_NEW_TOKENS} new tokens): sampled at
   temperature 1 **{stats.get('sampled_accuracy', float('nan')):.1%}**, greedy **{stats.get('greedy_accuracy', float('nan')):.1%}**.
 """)

@@ -1,28 +1,34 @@
 """Builds the embedded tiny base model `dapo_jax/assets/tiny_base/` (reproducible: fixed seeds).
 
-    python scripts/make_tiny_base.py [--out DIR]
+    python scripts/make_tiny_base.py [--out DIR] [--work DIR] [--max-steps N --eval-every N --eval-size N --train-size N --target A]
 
-A ~0.1M-parameter Qwen2-architecture decoder over a character-level tokenizer, warmed up with plain
-supervised cross-entropy (answer tokens + EOS only) on the synthetic task's train split
-(`dapo_jax.data.synthetic`), and STOPPED EARLY as soon as its sampled accuracy (temperature 1, one
-sample per held-out problem) reaches the target band: an under-trained model that is right on some
-samples and a near miss on others, which is what the default DAPO job then improves with RL.
-Prints the greedy and sampled held-out accuracy, and writes the model (`hf_io.save_pretrained`),
-the tokenizer files and a README.md into the output folder.
+A ~0.1M-parameter Qwen2-architecture decoder over a character-level tokenizer, warmed up with supervised
+cross-entropy (answer tokens + EOS only) on the synthetic task's train split (`dapo_jax.data.synthetic`)
+by `dapo-jax sft` (scripts/sft_warmup.py: the trainer's own SFT path, no loop of its own), and STOPPED
+EARLY as soon as its sampled accuracy (temperature 1, one sample per held-out problem) reaches the target
+band (`train.stop_at_accuracy`): an under-trained model that is right on some samples and a near miss on
+others, which is what the default DAPO job then improves with RL. Prints the greedy and sampled held-out
+accuracy, and writes the model (`hf_io.save_pretrained`), the tokenizer files and a README.md into the
+output folder. The shipped asset was made by the version of this script before it ran `dapo-jax sft`
+(commit c00707e and earlier: its own AdamW loop over random batches); rerunning this one makes a model of
+the same recipe, not the same bytes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
+
+# run as a script, this folder is on sys.path
+from sft_warmup import sft_warm_up  # noqa: E402
 
 from dapo_jax.data import synthetic
 from dapo_jax.data.char_tokenizer import build_char_tokenizer, save_char_tokenizer
@@ -62,17 +68,6 @@ def encode_rows(tok, rows, prompt_len: int, response_len: int):
 
 
 # ----------------------------------------------------------------------------- model functions
-def response_logprobs(model, prompts, pmask, responses, rmask, temperature=1.0):
-    """log pi(response token) `[B, R]` (0 on padding), by one forward over [prompt | response]."""
-    ids = jnp.concatenate([prompts, responses], axis=1)
-    mask = jnp.concatenate([pmask, rmask], axis=1)
-    hidden, _ = model(ids, positions_from_mask(mask), mask)
-    r = responses.shape[1]
-    logits = model.logits(hidden[:, -r - 1:-1]) / temperature  # position i predicts token i+1
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    return jnp.take_along_axis(logp, responses[..., None], axis=-1)[..., 0] * rmask
-
-
 def sample(model, prompts, pmask, key, *, response_len: int, eos_id: int, pad_id: int,
            temperature: float = 1.0, greedy: bool = False):
     """Responses `[B, R]` and their mask; one full forward per new token (sequences are ~10 tokens)."""
@@ -110,21 +105,6 @@ def accuracy(tok, rows, responses, rmask) -> float:
     return float(np.mean([synthetic.is_correct(t, r["answer"]) for t, r in zip(texts, rows)]))
 
 
-@nnx.jit
-def supervised_step(model, optimizer, prompts, pmask, responses, rmask):
-    """One supervised warm-up update on teacher-forced responses: the mean negative log-likelihood of their
-    real tokens (`rmask`), so a batch's short and long responses weigh by their tokens. Both base models
-    are made with it."""
-
-    def loss_fn(model):
-        logp = response_logprobs(model, prompts, pmask, responses, rmask)
-        return -logp.sum() / rmask.sum()
-
-    loss, grads = nnx.value_and_grad(loss_fn)(model)
-    optimizer.update(model, grads)
-    return loss
-
-
 # ----------------------------------------------------------------------------- build
 def make_model(tok) -> Decoder:
     cfg = ModelConfig(model_type="qwen2", vocab_size=len(tok), attention_bias=True,
@@ -132,42 +112,29 @@ def make_model(tok) -> Decoder:
     return Decoder(cfg, rngs=nnx.Rngs(SEED))
 
 
-def warm_up(*, log=print):
-    """Supervised warm-up with early stop; returns (model, tokenizer, stats)."""
+def warm_up(*, work: Path, log=print, max_steps: int = MAX_STEPS, eval_every: int = EVAL_EVERY,
+            eval_size: int = EVAL_SIZE, train_size: int | None = None, target: float = TARGET_SAMPLED):
+    """Supervised warm-up by `dapo-jax sft` in `work`, early stop; returns (model, tokenizer, stats)."""
     tok = build_char_tokenizer()
-    train = synthetic.synthetic_rows("train", **TASK)
-    heldout = synthetic.synthetic_rows("heldout", **TASK)[:EVAL_SIZE]
+    train = synthetic.synthetic_rows("train", **TASK)[:train_size]
+    heldout = synthetic.synthetic_rows("heldout", **TASK)[:eval_size]
     prompt_len = max(len(r["prompt"]) for r in train + heldout)
     response_len = max(len(r["answer"]) for r in train + heldout) + 1
-    tr = [jnp.asarray(a) for a in encode_rows(tok, train, prompt_len, response_len)]
+    options = {k: v for k, v in TASK.items() if k != "seed"}
+    model, stats = sft_warm_up(
+        make_model(tok), tok, train, work=work, log=log,
+        task={"name": "synthetic", "split": "heldout", "options": options}, reward="synthetic",
+        prompt_len=prompt_len, response_len=response_len, batch=BATCH, lr=LEARNING_RATE, warmup_steps=0,
+        weight_decay=WEIGHT_DECAY, max_steps=max_steps, eval_every=eval_every, eval_size=eval_size,
+        target=target, seed=TASK["seed"])
     ho_prompts, ho_pmask, _, _ = (jnp.asarray(a) for a in encode_rows(tok, heldout, prompt_len, response_len))
-
-    model = make_model(tok)
-    optimizer = nnx.Optimizer(model, optax.adamw(LEARNING_RATE, weight_decay=WEIGHT_DECAY), wrt=nnx.Param)
-
-    @nnx.jit(static_argnames=("greedy",))
-    def eval_sample(model, key, greedy):
-        return sample(model, ho_prompts, ho_pmask, key, response_len=response_len,
-                      eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, greedy=greedy)
-
-    rng = np.random.default_rng(SEED)
-    eval_key = jax.random.key(SEED + 1)
-    n = len(train)
-    stats = {}
-    order, pos = rng.permutation(n), 0
-    for step in range(1, MAX_STEPS + 1):
-        if pos + BATCH > n:
-            order, pos = rng.permutation(n), 0
-        idx = order[pos:pos + BATCH]
-        pos += BATCH
-        loss = supervised_step(model, optimizer, *(a[idx] for a in tr))
-        if step % EVAL_EVERY == 0:
-            sampled = accuracy(tok, heldout, *eval_sample(model, eval_key, False))
-            greedy = accuracy(tok, heldout, *eval_sample(model, eval_key, True))
-            log(f"step {step:5d}  loss {float(loss):.4f}  held-out acc: sampled(T=1) {sampled:.3f}  greedy {greedy:.3f}")
-            stats = dict(steps=step, loss=float(loss), sampled_accuracy=sampled, greedy_accuracy=greedy)
-            if sampled >= TARGET_SAMPLED:
-                break
+    graphdef, state = nnx.split(model)
+    greedy = jax.jit(lambda state: sample(nnx.merge(graphdef, state), ho_prompts, ho_pmask, jax.random.key(SEED + 1),
+                                          response_len=response_len, eos_id=tok.eos_token_id,
+                                          pad_id=tok.pad_token_id, greedy=True))
+    stats["greedy_accuracy"] = accuracy(tok, heldout, *greedy(state))
+    log(f"stopped after {stats['steps']} steps: held-out acc sampled(T=1) {stats['sampled_accuracy']:.3f}  "
+        f"greedy {stats['greedy_accuracy']:.3f}")
     return model, tok, stats
 
 
@@ -183,9 +150,9 @@ Made by `python scripts/make_tiny_base.py` (fixed seeds; about {seconds:.0f} s o
   `<|endoftext|>` (EOS) = 1, `<unk>` = 2; vocabulary {cfg.vocab_size}.
 - Data: the synthetic task `dapo_jax.data.synthetic` with {TASK}: prompts such as `12+7=`, the response is
   the answer's digits then EOS.
-- Warm-up: supervised cross-entropy on the answer tokens and EOS only, AdamW lr {LEARNING_RATE},
-  batch {BATCH}, stopped early after {stats.get('steps')} steps once the sampled accuracy reached
-  {TARGET_SAMPLED:.0%} (deliberately under-trained, so RL has something to improve).
+- Warm-up: `dapo-jax sft` (supervised cross-entropy on the answer tokens and EOS only), AdamW lr
+  {LEARNING_RATE}, batch {BATCH}, stopped early after {stats.get('steps')} steps once the sampled accuracy
+  reached {TARGET_SAMPLED:.0%} (deliberately under-trained, so RL has something to improve).
 - Held-out accuracy ({EVAL_SIZE} problems, one response each): sampled at temperature 1
   **{stats.get('sampled_accuracy', float('nan')):.1%}**, greedy **{stats.get('greedy_accuracy', float('nan')):.1%}**.
 """)
@@ -211,13 +178,25 @@ def ship(model, out: Path, stats: dict, start: float, *, write_readme, eval_size
 
 
 def make_base(argv, *, doc: str, out: Path, warm_up, write_readme, eval_size: int) -> None:
-    """Both makers' command line: `--out DIR` (default `out`), then the warm-up, then `ship`."""
+    """The makers' command line: `--out DIR` (default `out`), `--work DIR` (the `dapo-jax sft` run's
+    folder; default a temporary one), smaller runs for a check (`--max-steps`, `--eval-every`,
+    `--eval-size`, `--train-size`, `--target`), then the warm-up, then `ship`."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--out", type=Path, default=out)
+    parser.add_argument("--work", type=Path, default=None)
+    parser.add_argument("--max-steps", type=int, default=None)
+    parser.add_argument("--eval-every", type=int, default=None)
+    parser.add_argument("--eval-size", type=int, default=None)
+    parser.add_argument("--train-size", type=int, default=None)
+    parser.add_argument("--target", type=float, default=None)
     args = parser.parse_args(argv)
     start = time.time()
-    model, _, stats = warm_up()
-    ship(model, args.out, stats, start, write_readme=write_readme, eval_size=eval_size)
+    knobs = {k: v for k, v in (("max_steps", args.max_steps), ("eval_every", args.eval_every),
+                               ("eval_size", args.eval_size), ("train_size", args.train_size),
+                               ("target", args.target)) if v is not None}
+    with tempfile.TemporaryDirectory() as tmp:
+        model, _, stats = warm_up(work=args.work or Path(tmp), **knobs)
+    ship(model, args.out, stats, start, write_readme=write_readme, eval_size=knobs.get("eval_size", eval_size))
 
 
 def main(argv=None):

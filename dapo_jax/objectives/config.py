@@ -53,6 +53,10 @@ class ObjectiveConfig(BaseModel):
         model at all. kl_in = "loss" adds `beta * kl_t` per token, "reward" adds `-beta * kl_t` to
         the token rewards before the advantage. kl_clamp clamps the estimator's value (None = off).
       entropy_coef: entropy bonus `alpha_H` (loss -= alpha_H * H_t); 0 = off (no entropy needed).
+      entropy_target, entropy_coef_delta, entropy_coef_max, entropy_coef_init: Skywork-OR1's adaptive entropy
+        coefficient (`adaptive_entropy.py`): α_k = c_k · 1[e_{k-1} < tgt], c moved by ±Δ after each step towards
+        keeping the token-mean entropy at entropy_target, clipped to [0, entropy_coef_max], c_0 =
+        entropy_coef_init. entropy_target None = off (entropy_coef is then the fixed coefficient).
       entropy_driven_advantage: EDGE-GRPO's EDA (`entropy_advantage.py`, docs/grpo_variants.md):
         A_i · N / P̄_i with P̄_i the response's mean token entropy and N its mean over the whole update batch.
       high_entropy_quantile: q in (0, 1]: train only on tokens whose entropy is at or above the
@@ -126,6 +130,10 @@ class ObjectiveConfig(BaseModel):
     entropy_coef: float = 0.0
     high_entropy_quantile: float | None = Field(None, gt=0.0, le=1.0)
     entropy_driven_advantage: bool = False
+    entropy_target: float | None = Field(None, gt=0.0)
+    entropy_coef_delta: float = Field(1e-4, gt=0.0)
+    entropy_coef_max: float = Field(0.005, ge=0.0)
+    entropy_coef_init: float = Field(0.0, ge=0.0)
     # reward shaping
     overlong_filtering: bool = False
     overlong_buffer: int | None = Field(None, gt=0)
@@ -207,6 +215,7 @@ class ObjectiveConfig(BaseModel):
                              "the update only when it depends on the mask alone: turn off high_entropy_quantile "
                              "and masking off-policy corrections, or set nll_coef = 0")
         self._check_since_2025()
+        self._check_adaptive_entropy()
         if self.reward_weights is not None and len(self.reward_weights) == 0:
             raise ValueError("reward_weights must be None or non-empty")
         if self.multi_reward == "normalize_then_sum" and self.advantage == "reinforce_pp":
@@ -235,6 +244,25 @@ class ObjectiveConfig(BaseModel):
         if self.kl_unbiased and not (self.kl_beta > 0 and self.kl_in == "loss"):
             raise ValueError(f"kl_unbiased reweights the KL term of the loss: it needs kl_beta > 0 and "
                              f"kl_in='loss', got kl_beta={self.kl_beta}, kl_in={self.kl_in!r}")
+
+    def _check_adaptive_entropy(self) -> None:
+        if self.entropy_target is None:
+            stray = sorted({"entropy_coef_delta", "entropy_coef_max", "entropy_coef_init"} & self.model_fields_set)
+            if stray:
+                raise ValueError(f"{', '.join(stray)} set without entropy_target: the adaptive entropy coefficient "
+                                 f"is on only with an entropy_target (e.g. 0.2)")
+            return
+        if self.entropy_coef != 0:
+            raise ValueError(f"entropy_target={self.entropy_target} adapts the entropy coefficient: leave the fixed "
+                             f"entropy_coef at 0, got {self.entropy_coef} (set entropy_coef_init instead)")
+        if self.entropy_coef_init > self.entropy_coef_max:
+            raise ValueError(f"entropy_coef_init ({self.entropy_coef_init}) must be <= entropy_coef_max "
+                             f"({self.entropy_coef_max})")
+
+    @property
+    def adaptive_entropy(self) -> bool:
+        """True when the entropy coefficient adapts from step to step (Skywork-OR1, `adaptive_entropy.py`)."""
+        return self.entropy_target is not None
 
     @property
     def uses_critic(self) -> bool:
@@ -283,7 +311,8 @@ class ObjectiveConfig(BaseModel):
     @property
     def needs_entropy(self) -> bool:
         """True when the loss needs per-token entropies."""
-        return self.entropy_coef != 0 or self.high_entropy_quantile is not None or self.entropy_driven_advantage
+        return (self.entropy_coef != 0 or self.high_entropy_quantile is not None or self.entropy_driven_advantage
+                or self.adaptive_entropy)
 
     @property
     def gfpo(self) -> bool:

@@ -90,7 +90,7 @@ def batch_statistics(cfg: ObjectiveConfig, *, logp, old_logp, advantages, mask, 
 
 def objective_terms(cfg: ObjectiveConfig, *, logp, old_logp, advantages, mask, ref_logp=None, entropy=None,
                     entropy_threshold=None, behaviour_logp=None, nll_weight=None, entropy_norm=None,
-                    policy_stats=None, priority=None, weight_total=None):
+                    policy_stats=None, priority=None, weight_total=None, entropy_coef=None):
     """The loss of one (micro-)batch as an additive pair, plus additive metrics.
 
     Args:
@@ -114,6 +114,9 @@ def objective_terms(cfg: ObjectiveConfig, *, logp, old_logp, advantages, mask, r
         only when cfg.nll_coef > 0: adds Σ -logp·w to loss_sum (metric `nll`).
       policy_stats, priority, weight_total: the whole update batch's statistics (`batch_statistics`;
         priority [P, G, T] is Clip-Cov's draw); None = taken over this batch.
+      entropy_coef: scalar α_k, Skywork-OR1's adaptive entropy coefficient of this step
+        (`adaptive_entropy.EntropyControl.alpha`, carried by the run); required only when
+        cfg.adaptive_entropy, where it replaces cfg.entropy_coef (no gradient flows into it).
 
     Returns:
       (loss_sum, denominator, metrics): float32 scalars with loss = Σ loss_sum / Σ den over micro-batches;
@@ -179,6 +182,11 @@ def objective_terms(cfg: ObjectiveConfig, *, logp, old_logp, advantages, mask, r
         metrics["entropy"] = diag.masked_sum_count(jax.lax.stop_gradient(entropy), m)
         if cfg.entropy_coef != 0:
             loss = entropy_bonus(loss, entropy, coef=cfg.entropy_coef)
+        if cfg.adaptive_entropy:  # Skywork-OR1: α_k from the run's controller (objectives/adaptive_entropy.py)
+            if entropy_coef is None:
+                raise ValueError(f"entropy_coef (the step's adaptive coefficient α_k) is required: "
+                                 f"entropy_target={cfg.entropy_target}")
+            loss = entropy_bonus(loss, entropy, coef=jax.lax.stop_gradient(jnp.asarray(entropy_coef, jnp.float32)))
         if cfg.high_entropy_quantile is not None:
             train_mask = high_entropy_mask(jax.lax.stop_gradient(entropy), m, quantile=cfg.high_entropy_quantile,
                                            threshold=entropy_threshold)

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from dapo_jax.objectives.adaptive_entropy import entropy_controller
 from dapo_jax.parallel.host import to_global
 from dapo_jax.parallel.mesh import batch_sharding, committed
 from dapo_jax.parallel.peers import PeerWatch
@@ -139,7 +140,7 @@ def train(cfg: RunConfig) -> dict:
         learner = Learner(programs.prepare, programs.train_step, policy, ref_params, critic, batch_sharding(mesh),
                           reward_parts=objective.multi_reward == "normalize_then_sum",  # [P, G, K] (rewards/pipeline.py)
                           step_rewards=step_scorer is not None or (agent is not None and objective.needs_step_rewards),
-                          teacher=teacher)
+                          teacher=teacher, entropy_control=entropy_controller(objective))  # objective.entropy_target, or None
         evaluation = Evaluation(programs.generate_eval, policy, eval_stream, tokenizer, scorer.for_eval, eval_key(key),
                                 batch_sharding(mesh), cfg, writer, say, programs.engine_eval, agent)
         monitor = NonFiniteMonitor(cfg.train.max_nonfinite_steps, lambda: max(ckpt.all_steps(), default=None))
@@ -179,6 +180,10 @@ def train(cfg: RunConfig) -> dict:
             if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.steps:
                 last.update(evaluation(step, state.params))
                 evaluated_at = step
+                if cfg.train.stop_at_accuracy is not None and last.get("eval/accuracy", -1.0) >= cfg.train.stop_at_accuracy:
+                    say(f"[dapo-jax] eval/accuracy {last['eval/accuracy']:.3f} reached train.stop_at_accuracy="
+                        f"{cfg.train.stop_at_accuracy} at step {step}: stopping", flush=True)
+                    break
         progress.close()
         if not ckpt.all_steps() or max(ckpt.all_steps()) < run.step:
             checkpoint(state, run)

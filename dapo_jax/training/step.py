@@ -20,7 +20,9 @@ import time
 from typing import Any, Callable
 
 import jax
+import numpy as np
 
+from dapo_jax.objectives.adaptive_entropy import EntropyControl
 from dapo_jax.objectives.process import StepRewards
 from dapo_jax.parallel.host import to_global, to_host
 from dapo_jax.training.overlap import Prefetcher
@@ -69,8 +71,15 @@ def rl_step(step: int, state: TrainState, run: RunState, *, rollouts: Prefetcher
     # The advantage of every token of every kept response (and π_old, π_ref recomputed where the objective asks)
     batch, critic_batch = learner.advantages(state.params, groups, run.critic)
     # num_minibatches gradient updates of the policy on the objective (and of the critic, with one)
-    state, critic, metrics = learner.update(state, run.critic, batch, critic_batch)
+    control = run.entropy_control  # Skywork-OR1's adaptive entropy coefficient (objective.entropy_target), or None
+    alpha = {} if control is None else {"entropy_coef": control.alpha}  # α_k, an input of the update
+    state, critic, metrics = learner.update(state, run.critic, batch, critic_batch, **alpha)
     run = dataclasses.replace(run, critic=critic)
+    if control is not None:  # the next step's α from this step's entropy (objectives/adaptive_entropy.py)
+        after = learner.entropy_control(control, metrics["entropy"])
+        after = EntropyControl(float(after.coef), bool(after.gate))
+        run = dataclasses.replace(run, entropy_control=after)
+        metrics = {**metrics, "entropy_coef": float(control.alpha), "entropy_coef_next": float(after.alpha)}
     return state, run, StepResult(groups, batch.advantages, stats, metrics, t1 - t0, time.perf_counter() - t1)
 
 
@@ -88,6 +97,8 @@ class Learner:
     reward_parts: bool  # multi_reward normalize_then_sum: each function's reward [P, G, K], combined on the device
     step_rewards: bool  # process supervision: advantages from the step rewards (docs/objectives.md#process-supervision)
     teacher: Any = None  # on-policy distillation's frozen teacher (training/update/distill.py), or None
+    # objective.entropy_target: `(EntropyControl, entropy) -> EntropyControl` (objectives/adaptive_entropy.py), or None
+    entropy_control: Callable | None = None
 
     def advantages(self, params, groups: Groups, critic_state=None):
         """`(Batch, critic batch)` of `groups` on the mesh. GFPO's dropped responses (`groups.selected`) leave
@@ -115,7 +126,7 @@ class Learner:
         `prepare` here; returns the update's programs as `(name, compile)` jobs, to compile in parallel."""
         args, kwargs = self._prepare_inputs(state.params, groups, critic_state)
         batch, critic_batch = compiled_outputs(self.prepare, *args, **kwargs)
-        kw = self.policy.step_kwargs
+        kw = self._step_kwargs(0.0)
         if hasattr(self.train_step, "precompile"):  # the packed update: a program per chunk height
             jobs = self.train_step.precompile(state, batch, **kw)
         else:
@@ -124,9 +135,16 @@ class Learner:
             jobs.append(("critic update", lambda: self.critic.update.lower(critic_state, critic_batch).compile()))
         return jobs
 
-    def update(self, state: TrainState, critic_state, batch, critic_batch):
-        """`(state, critic_state, metrics on the host)` after the step's updates."""
-        state, metrics = self.train_step(state, batch, **self.policy.step_kwargs)
+    def _step_kwargs(self, entropy_coef) -> dict:
+        """The update's keyword inputs: LoRA's frozen base, and α_k as a float32 scalar (an input, so a
+        new α each step compiles nothing) when the entropy coefficient adapts."""
+        if self.entropy_control is None:
+            return self.policy.step_kwargs
+        return {**self.policy.step_kwargs, "entropy_coef": np.float32(entropy_coef)}
+
+    def update(self, state: TrainState, critic_state, batch, critic_batch, entropy_coef=None):
+        """`(state, critic_state, metrics on the host)` after the step's updates; `entropy_coef`: α_k."""
+        state, metrics = self.train_step(state, batch, **self._step_kwargs(entropy_coef))
         if batch.teacher_logp is not None:  # on-policy distillation: how far the student's samples are
             metrics = {**metrics, "distill/reverse_kl": reverse_kl_mean(batch.old_logp, batch.teacher_logp,
                                                                         batch.response_mask)}

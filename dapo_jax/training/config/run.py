@@ -278,6 +278,9 @@ class TrainSection(_Section):
     max_samples: int | None = Field(default=None, gt=0)
     seed: int = 0  # sampling keys (training and evaluation) and initialisation
     eval_every: int = Field(default=0, ge=0)  # 0 = only at the start and the end
+    # stop at the first eval_every evaluation whose eval/accuracy reaches this (early stopping: the bundled
+    # base models' warm-ups, scripts/make_*_base.py); the run then ends as at `steps`; None = off
+    stop_at_accuracy: float | None = Field(default=None, ge=0, le=1)
     eval_k: int = Field(default=4, gt=0)  # samples per held-out problem (avg@k, pass@k, maj@k)
     eval_temperature: float = Field(default=1.0, ge=0)  # 0 = greedy
     eval_top_p: float = Field(default=1.0, gt=0, le=1)  # 1 = off
@@ -294,6 +297,13 @@ class TrainSection(_Section):
     rollouts_sample: int = Field(default=16, gt=0)  # groups (prompts, with all their responses) per logged step
     max_nonfinite_steps: int = Field(default=3, gt=0)  # this many steps in a row with a non-finite update stop the run
     fresh_start: bool = False  # when every checkpoint in run_dir is unreadable: start over instead of failing
+
+    @model_validator(mode="after")
+    def _check_stop_at_accuracy(self) -> "TrainSection":
+        if self.stop_at_accuracy is not None and not self.eval_every:
+            raise ValueError(f"train.stop_at_accuracy={self.stop_at_accuracy} is checked at each eval_every "
+                             f"evaluation: set train.eval_every > 0")
+        return self
 
     @property
     def active_loggers(self) -> tuple[str, ...]:

@@ -53,20 +53,23 @@ def decode_step(m, *, rows: float, context: float, itemsize: int, peak_flops: fl
 
 
 def step_time(cfg: RunConfig, m, *, mesh: dict, chip, devices: int, response_tokens: int | None = None,
-              mfu: float = 1.0, share_prompts: bool | None = None) -> dict:
+              mfu: float = 1.0, share_prompts: bool | None = None, teacher=None) -> dict:
     """Seconds per phase and tokens/s per chip, with the assumptions (module docstring). `chip`: a
     `slices.Chip`, or None (no estimate: the peak and bandwidth are unknown); `share_prompts`: whether the
-    packed update shares a group's prompt (default `optim.packing_share_prompts`; not with splash)."""
+    packed update shares a group's prompt (default `optim.packing_share_prompts`; not with splash);
+    `teacher`: on-policy distillation's teacher's `ModelConfig` (one more forward in the log-prob phase).
+    Supervised fine-tuning (objective kind sft) trains on the data's one response per prompt: no rollout."""
     if chip is None:
         return {"note": "no step-time estimate: it needs the accelerator's bf16 peak and HBM bandwidth, a TPU slice's "
                         "(--topology) or a GPU's or TPU's that training/plan/chips.py knows"}
     r, o = cfg.rollout, cfg.optim
-    p, g, s, t = r.train_batch, r.G, cfg.data.max_prompt_length, r.max_new_tokens
+    objective = cfg.objective_config
+    p, s, t = r.train_batch, cfg.data.max_prompt_length, r.max_new_tokens
+    g = 1 if objective.supervised else r.G
     tbar = min(response_tokens or t, t)
     train_k = 4 if m.remat == "full" else 3
     peak = chip.device_flops * devices * mfu  # the slice's FLOP/s
     bandwidth = chip.device_bandwidth  # per device
-    objective = cfg.objective_config
 
     if o.packing:
         share = o.packing_share_prompts if share_prompts is None else share_prompts
@@ -77,6 +80,8 @@ def step_time(cfg: RunConfig, m, *, mesh: dict, chip, devices: int, response_tok
     if getattr(objective, "high_entropy_quantile", None) is not None or getattr(objective, "entropy_driven_advantage", False):
         passes += 1  # the update's no-gradient entropy pass
     logprob_flops = passes * p * g * forward_flops(m, s + t)
+    if teacher is not None:  # the frozen teacher scores the student's tokens
+        logprob_flops += p * g * forward_flops(teacher, s + t)
     critic_flops = 0.0
     if objective.uses_critic:
         critic_flops = p * g * forward_flops(m, s + t, head=False) * (1 + train_k)  # values + its update
@@ -89,7 +94,7 @@ def step_time(cfg: RunConfig, m, *, mesh: dict, chip, devices: int, response_tok
                                                    row_shards=mesh["data"] * mesh["fsdp"])
     decode_s = t * one_step
     prefill_s = r.gen_batch * forward_flops(m, s) / peak
-    rounds = -(-p // r.gen_batch)  # a long-context recipe generates fewer prompts at a time than it trains on
+    rounds = 0 if objective.supervised else -(-p // r.gen_batch)  # long contexts: fewer prompts a round than trained
     seconds = {"rollout": rounds * (prefill_s + decode_s), "log-prob": logprob_flops / peak, "update": update_flops / peak,
                "critic": critic_flops / peak}
     step = sum(seconds.values())
@@ -101,7 +106,7 @@ def step_time(cfg: RunConfig, m, *, mesh: dict, chip, devices: int, response_tok
         "rollout_decode_step_ms": 1e3 * one_step,
         "decode_bound": "HBM bandwidth" if step_bytes / bandwidth >= step_flops / peak else "compute",
         "tokens_per_s_per_chip": trained / step / chips,
-        "generated_tokens_per_s_per_chip": rounds * rows * tbar / seconds["rollout"] / chips,
+        "generated_tokens_per_s_per_chip": rounds * rows * tbar / seconds["rollout"] / chips if rounds else 0.0,
         "rollout_rounds": rounds,
         "flops": {"update": update_flops, "log-prob": logprob_flops, "critic": critic_flops,
                   "rollout prefill": rounds * r.gen_batch * forward_flops(m, s),

@@ -43,7 +43,7 @@ from dapo_jax.training.plan.chips import chip_for
 from dapo_jax.training.plan.compile import (Figures, GiB, cache_dir, extrapolate, lower_for, package_versions,
                                             shard_bytes)
 from dapo_jax.training.plan.estimate import step_time
-from dapo_jax.training.plan.model_config import critic_model_config, plan_model_config
+from dapo_jax.training.plan.model_config import critic_model_config, plan_model_config, teacher_model_config
 from dapo_jax.training.plan.programs import build_world, num_params
 from dapo_jax.training.plan.slices import parse_slice, topology_devices
 
@@ -289,8 +289,9 @@ def make_plan(cfg: RunConfig, *, topology: str | None = None, device_memory_gib:
                           "gives their exact figures")
     if estimate is not None:
         chip = tpu_slice.chip if tpu_slice else chip_for(devices[0].device_kind)  # a local GPU's, or None on a CPU
-        plan.estimate = step_time(cfg, model_cfg, mesh=dict(mesh.shape), chip=chip,
-                                  devices=n, share_prompts=full.programs.share_prompts, **estimate)
+        plan.estimate = step_time(cfg, model_cfg, mesh=dict(mesh.shape), chip=chip, devices=n,
+                                  share_prompts=full.programs.share_prompts, teacher=teacher_model_config(cfg),
+                                  **estimate)
     return plan
 
 

@@ -32,6 +32,16 @@ def critic_model_config(cfg: RunConfig, policy_cfg):
     return _model_config(path, None, overrides, key="critic.path")[0]
 
 
+def teacher_model_config(cfg: RunConfig):
+    """On-policy distillation's teacher (`distill.teacher`): its config.json's shapes, or the published
+    shape its folder's name names; None without a teacher."""
+    if cfg.distill is None:
+        return None
+    m = cfg.model
+    overrides = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat=m.remat, attention=m.attention)
+    return _model_config(cfg.distill.teacher, None, overrides, key="distill.teacher")[0]
+
+
 def _model_config(model_path, model_config, overrides, *, key: str):
     if model_config is not None:
         path = Path(model_config)
@@ -51,4 +61,4 @@ def _model_config(model_path, model_config, overrides, *, key: str):
                       f"plan knows ({', '.join(KNOWN_SHAPES)}): pass --model-config path/to/config.json")
 
 
-__all__ = ["critic_model_config", "plan_model_config"]
+__all__ = ["critic_model_config", "plan_model_config", "teacher_model_config"]

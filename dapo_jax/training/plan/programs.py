@@ -36,12 +36,13 @@ from dapo_jax.parallel.mesh import batch_sharding
 from dapo_jax.training.build import sampling_config
 from dapo_jax.training.config.run import RunConfig
 from dapo_jax.training.plan.compile import shard_bytes
-from dapo_jax.training.plan.model_config import critic_model_config
+from dapo_jax.training.plan.model_config import critic_model_config, teacher_model_config
 from dapo_jax.training.plan.reward_models import reward_model_shapes
 from dapo_jax.training.update.critic import Critic
+from dapo_jax.training.update.distill import Teacher
 from dapo_jax.training.update.lora import PolicyWeights
 from dapo_jax.training.update.programs import build_programs, run_optimizer
-from dapo_jax.training.update.train_step import TrainState
+from dapo_jax.training.update.train_step import TrainState, with_entropy_coef
 
 
 @dataclasses.dataclass
@@ -114,6 +115,13 @@ class World:
     reference: Any  # the reference policy's weights, or None
     critic_state: Any  # the critic's TrainState, or None
     reward_models: list = dataclasses.field(default_factory=list)  # training/plan/reward_models.py's RewardModelPlan
+    teacher: Any = None  # on-policy distillation's frozen teacher (training/update/distill.py's Teacher, abstract), or None
+
+    @property
+    def group_size(self) -> int:
+        """Responses per prompt in a training batch: rollout.G, or 1 for supervised fine-tuning (the data's
+        response to each prompt: training/supervised.py)."""
+        return 1 if self.cfg.objective_config.supervised else self.cfg.rollout.G
 
     @property
     def rows(self) -> NamedSharding:
@@ -135,7 +143,8 @@ class World:
                 "frozen base (LoRA)": shard_bytes(self.policy.frozen) if self.policy.frozen is not None else 0,
                 "reference": shard_bytes(self.reference) - self._shared_with_frozen(self.reference),
                 "critic (parameters + optimizer)": shard_bytes(self.critic_state),
-                "reward models (frozen)": sum(rm.param_bytes for rm in self.reward_models)}
+                "reward models (frozen)": sum(rm.param_bytes for rm in self.reward_models),
+                "distillation teacher (frozen)": shard_bytes(self.teacher.params) if self.teacher is not None else 0}
 
     def _shared_with_frozen(self, ref) -> int:
         """Under LoRA the reference is `(frozen base, zero adapters)`: the base is the policy's own."""
@@ -155,7 +164,12 @@ class World:
         each) and the `G` responses' `T - 1` slots, in the sampler's dtype; rows over the batch devices, KV
         heads over `tensor` (the k/v projections' columns are split over it)."""
         r, m, mesh = self.cfg.rollout, self.model_cfg, self.mesh.shape
-        slots = r.gen_batch * self.cfg.data.max_prompt_length + r.gen_batch * r.G * max(r.max_new_tokens - 1, 0)
+        g = r.G
+        if self.cfg.objective_config.supervised:  # SFT samples only to evaluate
+            if self.cfg.data.eval is None:
+                return 0
+            g = self.cfg.train.eval_k
+        slots = r.gen_batch * self.cfg.data.max_prompt_length + r.gen_batch * g * max(r.max_new_tokens - 1, 0)
         if self.cfg.agent is not None:  # the multi-turn engine: every row holds cache_slots slots
             slots = r.gen_batch * r.G * self.cfg.agent_cache_slots
         per_slot = 2 * m.num_hidden_layers * m.num_key_value_heads * m.head_dim * jnp.dtype(self.cfg.sampler_dtype).itemsize
@@ -172,7 +186,9 @@ class World:
         prefill = f"prefill {p.attention['rollout prefill']}, decode with the KV cache"
         compacted = ", row compaction" if r.compaction else ""  # later decode stages on fewer rows (sampling/compaction.py)
         jobs = []
-        if p.engine is not None:  # an agent run: the multi-turn engine's programs (training/episode_source.py)
+        if cfg.objective_config.supervised:  # SFT samples nothing to train on: its batch is the data's
+            pass
+        elif p.engine is not None:  # an agent run: the multi-turn engine's programs (training/episode_source.py)
             jobs += self._engine_jobs(p.engine, r.G, "rollout", sampler, sampler_resident, key, prefill)
             if cfg.data.eval is not None:
                 jobs += self._engine_jobs(p.engine_eval, cfg.train.eval_k, "eval rollout", sampler, sampler_resident,
@@ -197,7 +213,8 @@ class World:
                             resident=sampler_resident, attention=prefill,
                             shape=f"{r.gen_batch} prompts x {k} samples, S {s}, T {t}{compacted}"))
         prepare_args, prepare_kwargs = self._prepare_inputs()
-        resident = (prepare_args[0], prepare_args[1], prepare_kwargs.get("critic_params"))
+        resident = (prepare_args[0], prepare_args[1], prepare_kwargs.get("critic_params"),
+                    prepare_kwargs.get("teacher_params"))
         jobs.append(Job("prepare", "log-prob", p.prepare, prepare_args, prepare_kwargs, resident=resident,
                         attention=p.attention["logprob"], shape=self._prepare_words()))
         batch, critic_batch = self.lay_out(jax.eval_shape(p.prepare, *prepare_args, **prepare_kwargs))
@@ -206,7 +223,7 @@ class World:
             cs = self.critic_state
             jobs.append(Job("critic update", "critic", p.critic.update, (cs, critic_batch), resident=(cs,),
                             attention=p.attention["critic"],
-                            shape=f"{r.train_batch} prompts x {r.G} responses, S+T {s + t}"))
+                            shape=f"{r.train_batch} prompts x {self.group_size} responses, S+T {s + t}"))
         return jobs
 
     def _engine_jobs(self, engine, g: int, phase: str, sampler, sampler_resident, key, prefill) -> list[Job]:
@@ -230,7 +247,7 @@ class World:
     def _prepare_inputs(self):
         cfg = self.cfg
         r, s, t = cfg.rollout, cfg.data.max_prompt_length, cfg.response_tokens
-        pb, g = r.train_batch, r.G
+        pb, g = r.train_batch, self.group_size
         b = self.batched
         # with normalize_then_sum the run passes each function's reward, [P, G, K] (training/step.py)
         parts = (len(cfg.reward.functions),) if cfg.objective_config.multi_reward == "normalize_then_sum" else ()
@@ -245,6 +262,8 @@ class World:
             kwargs["context_mask"] = b((pb, g, t), jnp.float32)
         if self.critic_state is not None:
             kwargs.update(critic_params=self.critic_state.params, correct=b((pb, g), jnp.bool_))
+        if self.teacher is not None:
+            kwargs["teacher_params"] = self.teacher.params
         return args, kwargs
 
     def _prepare_words(self) -> str:
@@ -255,15 +274,21 @@ class World:
             passes.append("log pi_ref")
         if self.critic_state is not None:
             passes.append("critic values")
+        if self.teacher is not None:
+            passes.append("the teacher's log-probs")
         what = " + ".join(passes) if passes else "advantages only"
         r = cfg.rollout
-        return f"{what}: {r.train_batch} prompts x {r.G} responses, S+T {cfg.data.max_prompt_length + r.max_new_tokens}"
+        return (f"{what}: {r.train_batch} prompts x {self.group_size} responses, "
+                f"S+T {cfg.data.max_prompt_length + r.max_new_tokens}")
 
     def _update_jobs(self, batch) -> list[Job]:
         cfg, p, state = self.cfg, self.programs, self.state
         o, r = cfg.optim, cfg.rollout
-        kwargs = self.policy.step_kwargs
-        words = f"{o.num_minibatches} mini-batches x {o.micro_batches} micro-batches of {r.train_batch} prompts x {r.G}"
+        rep = NamedSharding(self.mesh, PartitionSpec())
+        coef = _sds(jax.ShapeDtypeStruct((), jnp.float32), rep) if cfg.objective_config.adaptive_entropy else None
+        kwargs = {**self.policy.step_kwargs, **({} if coef is None else {"entropy_coef": coef})}  # α_k: a scalar
+        words = (f"{o.num_minibatches} mini-batches x {o.micro_batches} micro-batches of {r.train_batch} prompts x "
+                 f"{self.group_size}")
         if not p.packed:
             return [Job("update", "update", p.train_step, (state, batch), kwargs, resident=(state, kwargs),
                         attention=p.attention["update"],
@@ -277,6 +302,7 @@ class World:
         mini = self.lay_out(jax.eval_shape(progs["select"], batch, idx))
         stats = jax.tree.map(lambda x: _sds(x, NamedSharding(self.mesh, PartitionSpec())),
                              jax.eval_shape(progs["start"], state.params, mini, frozen))
+        stats = (with_entropy_coef(stats[0], coef), stats[1])
         held = shard_bytes(batch)  # the step keeps the prepared batch while its mini-batches run
 
         def chunk(h):
@@ -375,12 +401,26 @@ def build_world(cfg: RunConfig, model_cfg, mesh) -> World:
         critic, critic_state = _abstract_critic(cfg, model_cfg, mesh)
     gen = GenerationConfig()
     tok = fake_tokenizer(model_cfg)
+    teacher = abstract_teacher(cfg, mesh)
     with jax.set_mesh(mesh):
         programs = build_programs(cfg, policy=policy, model_cfg=model_cfg, mesh=mesh, tx=tx, schedule=schedule,
                                   scfg=sampling_config(cfg, tok, model_cfg, generation=gen),
                                   eval_scfg=sampling_config(cfg, tok, model_cfg, eval_mode=True, generation=gen),
-                                  critic=critic, reward_weights=tuple(float(f.weight) for f in cfg.reward.functions))
-    return World(cfg, model_cfg, mesh, policy, programs, state, reference, critic_state, reward_model_shapes(cfg, mesh))
+                                  critic=critic, reward_weights=tuple(float(f.weight) for f in cfg.reward.functions),
+                                  teacher=teacher)
+    return World(cfg, model_cfg, mesh, policy, programs, state, reference, critic_state, reward_model_shapes(cfg, mesh),
+                 teacher)
+
+
+def abstract_teacher(cfg: RunConfig, mesh):
+    """What `distill.load_teacher` would put on `mesh`, without reading a weight: the teacher's graphdef and
+    its parameters as `jax.ShapeDtypeStruct`s laid out by the policy's rules (a frozen model beside the policy,
+    at its full depth whatever depth the policy is compiled at); None without `distill`."""
+    teacher_cfg = teacher_model_config(cfg)
+    if teacher_cfg is None:
+        return None
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: Decoder(teacher_cfg, rngs=nnx.Rngs(0))))
+    return Teacher(graphdef, place_params(params, mesh), str(cfg.distill.teacher))
 
 
 def _abstract_critic(cfg: RunConfig, model_cfg, mesh):
@@ -406,4 +446,4 @@ def num_params(world: World) -> int:
     return sum(math.prod(x.shape) for x in jax.tree.leaves(state))
 
 
-__all__ = ["Job", "World", "build_world", "fake_tokenizer", "like_params", "num_params", "place_params"]
+__all__ = ["Job", "World", "abstract_teacher", "build_world", "fake_tokenizer", "like_params", "num_params", "place_params"]

@@ -6,7 +6,8 @@
 
 A resumed run equals the uninterrupted one: the checkpoint holds the loop's key, the prompt stream's
 position, the carried groups, a rollout prefetched in flight (`rollout.overlap`: `overlap.pack`), GFPO's
-difficulty window, difficulty filtering's visit history (`data.difficulty`) and the counters (steps
+difficulty window, difficulty filtering's visit history (`data.difficulty`), the adaptive entropy
+coefficient's controller (`objective.entropy_target`: objectives/adaptive_entropy.py) and the counters (steps
 skipped, responses generated for `train.max_samples`, rounds of new data: `data.new_round`).
 """
 
@@ -20,6 +21,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from dapo_jax.objectives.adaptive_entropy import EntropyControl
 from dapo_jax.training import sources
 from dapo_jax.training.state.checkpoint import Checkpointer, CheckpointUnreadableError
 from dapo_jax.training.config.run import RunConfig
@@ -42,6 +44,7 @@ class RunState:
     group_filter: dict | None = None  # restored only: GFPO's difficulty window (`GroupFilter.state_dict`)
     difficulty: dict | None = None  # restored only: difficulty filtering's visit history (training/difficulty.py)
     data_round: int = 0  # rounds of training on new data so far (data.new_round): 0 = the data the run started on
+    entropy_control: EntropyControl | None = None  # the adaptive entropy coefficient's (c, gate) (objective.entropy_target)
 
     def budget_spent(self, cfg: RunConfig) -> bool:
         """train.max_samples: the steps so far generated that many responses (the last step may pass it)."""
@@ -54,7 +57,10 @@ def restore(cfg: RunConfig, ckpt: Checkpointer, state: TrainState, stream, say,
     fresh start at step 0. `new_round`: the data section changed on purpose (`data.new_round`,
     `RunDir.round_changes`): the weights, optimizer, key and counters go on, the data starts afresh
     (the stream at its start, no difficulty history, no carried or prefetched groups of the old data)."""
-    run = RunState(0, np.asarray(jax.random.key_data(jax.random.PRNGKey(cfg.train.seed))), critic=critic)
+    o = cfg.objective_config
+    control = EntropyControl.start(o.entropy_coef_init) if o.adaptive_entropy else None
+    run = RunState(0, np.asarray(jax.random.key_data(jax.random.PRNGKey(cfg.train.seed))), critic=critic,
+                   entropy_control=control)
     try:
         restored = ckpt.restore_latest(state, critic=critic)
     except CheckpointUnreadableError:
@@ -80,6 +86,11 @@ def restore(cfg: RunConfig, ckpt: Checkpointer, state: TrainState, stream, say,
     run = RunState(restored.step, np.asarray(meta["rng"], np.uint32), carry, int(meta.get("steps_skipped", 0)),
                    restored.critic, float(meta.get("generated_samples", 0.0)), prefetched, meta.get("group_filter"),
                    None if new_round else meta.get("difficulty"), data_round)
+    if control is not None and "entropy_control" in meta:  # the floats of float32 values: restored exactly
+        run = dataclasses.replace(run, entropy_control=EntropyControl(float(meta["entropy_control"][0]),
+                                                                      bool(meta["entropy_control"][1])))
+    elif control is not None:  # the checkpoint predates entropy_target: the controller starts at c_0
+        run = dataclasses.replace(run, entropy_control=control)
     quarantined = f" (unreadable newer checkpoint(s) {restored.quarantined} set aside)" if restored.quarantined else ""
     say(f"[dapo-jax] resumed from step {restored.step} in {ckpt.directory}{quarantined}", flush=True)
     return restored.state, run
@@ -98,6 +109,8 @@ def save(ckpt: Checkpointer, state: TrainState, run: RunState, stream, prefetch:
         meta["difficulty"] = difficulty.state_dict()
     if run.data_round:
         meta["data_round"] = run.data_round
+    if run.entropy_control is not None:
+        meta["entropy_control"] = [float(run.entropy_control.coef), bool(run.entropy_control.gate)]
     carry, prefetched = pack(run.carry, ready)
     if prefetched is not None:
         meta["prefetched"] = prefetched

@@ -44,7 +44,8 @@ from dapo_jax.parallel.host import to_host
 from dapo_jax.parallel.mesh import committed, jit_keeping_layout
 from dapo_jax.training.update.compile_ahead import compiled_outputs
 from dapo_jax.training.update.train_step import (Batch, TrainState, _joined, apply_accumulated, batch_level_statistics,
-                                                 batch_statistics_of, policy_logprobs, step_metrics, with_pass_values)
+                                                 batch_statistics_of, policy_logprobs, step_metrics,
+                                                 with_entropy_coef, with_pass_values)
 
 
 def packed_logprobs(model, tokens, segment_ids, positions, targets, *, temperature, branch_ids=None):
@@ -165,8 +166,9 @@ def make_packed_train_step(
     apply = jit_keeping_layout(lambda carry, acc: apply_accumulated(tx, schedule, carry, *acc), donate_argnums=0)
     finish = jax.jit(lambda outs, skipped: step_metrics(jax.tree.map(lambda *x: jnp.stack(x), *outs), skipped))
 
-    def step(state: TrainState, batch: Batch, frozen=None):
-        """`frozen`: weights merged with `state.params` but not trained (LoRA's base), as train_step's."""
+    def step(state: TrainState, batch: Batch, frozen=None, entropy_coef=None):
+        """`frozen`: weights merged with `state.params` but not trained (LoRA's base), `entropy_coef` the
+        adaptive entropy coefficient α_k, as train_step's."""
         nonlocal first_call
 
         if batch.context_mask is not None:  # it packs the trained tokens only: a tool answer would vanish
@@ -183,6 +185,7 @@ def make_packed_train_step(
             chunks = pack_with_tail(*(x[idx] for x in host), rows=rows, tail_rows=tail, length=length,
                                     share_prompts=share_prompts)
             stats = start(carry[0], mini, frozen, carry[2])
+            stats = (with_entropy_coef(stats[0], entropy_coef), stats[1])
             for r in ({rows, *tail_heights(rows, tail)} - {c.tokens.shape[0] for c in chunks}) if first_call else ():
                 # every chunk shape compiles at the first step, used or not, with each mini-batch's parameter
                 # layout (the first mini-batch's come from the caller, the next from `apply`)
@@ -202,7 +205,7 @@ def make_packed_train_step(
         params, opt_state, stp, skipped = carry
         return TrainState(params, opt_state, stp, skipped), finish(outs, skipped)
 
-    def precompile(state: TrainState, batch: Batch, frozen=None) -> list:
+    def precompile(state: TrainState, batch: Batch, frozen=None, entropy_coef=None) -> list:
         """What `step(state, batch, frozen)` compiles at its first call, for `batch` given by its shapes and
         layouts (`jax.ShapeDtypeStruct`s, training/update/compile_ahead.py): the small programs here, then the
         chunk heights and the update as `(name, compile)` jobs. `step` then finds every program compiled;
@@ -214,6 +217,7 @@ def make_packed_train_step(
         idx = put(minibatch_prompts(p, num_minibatches, micro_batches)[0].astype(np.int32))
         mini = compiled_outputs(select, batch, idx)
         stats = compiled_outputs(start, state.params, mini, frozen, state.step)
+        stats = (with_entropy_coef(stats[0], entropy_coef), stats[1])
         zero_acc(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state.params),
                  mini, tuple(put(x) for x in _empty_chunk(rows, length, mini.response_ids.shape)), stats, frozen)
         acc = compiled_outputs(zeros[0], state.params)  # zero_acc's program, as it lays the accumulator out

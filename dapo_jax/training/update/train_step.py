@@ -206,8 +206,10 @@ def make_train_step(
     use_ref: bool = False,
     loss_terms: Callable | None = None,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
-    """Builds the jitted `step(state, batch, frozen=None) -> (state, metrics)`; `state` is donated.
-    `frozen`: weights merged with `state.params` but not trained (LoRA's base; training/update/lora.py).
+    """Builds the jitted `step(state, batch, frozen=None, entropy_coef=None) -> (state, metrics)`; `state` is
+    donated. `frozen`: weights merged with `state.params` but not trained (LoRA's base; training/update/lora.py).
+    `entropy_coef`: the step's adaptive entropy coefficient α_k (a float32 scalar, Skywork-OR1's,
+    objectives/adaptive_entropy.py), handed to the objective beside the batch-level statistics.
 
     `loss_terms(objective, *, logp, old_logp, advantages, mask, ref_logp, entropy) -> (loss_sum, den, metrics)`
     defaults to `dapo_jax.objectives.loss.objective_terms`.
@@ -250,9 +252,10 @@ def make_train_step(
             graphdef, _joined(frozen, params), mb, temperature=temperature), mini)), objective=objective,
             stats_fn=stats_fn, quantile=quantile, eda=eda, policy_pass=policy_pass, step=step)
 
-    def minibatch_update(carry, mini: Batch, frozen=None):
+    def minibatch_update(carry, mini: Batch, frozen=None, entropy_coef=None):
         params = carry[0]
         stats, pass_values = entropy_stats(params, mini, frozen, carry[2])
+        stats = with_entropy_coef(stats, entropy_coef)
 
         def accumulate(acc, xs):
             mb, h = xs
@@ -269,10 +272,11 @@ def make_train_step(
         (gsum, loss_sum, den, extra), metrics = jax.lax.scan(accumulate, zeros, (mini, pass_values))
         return apply_accumulated(tx, schedule, carry, gsum, loss_sum, den, extra, combine_stacked(metrics))
 
-    def step_fn(state: TrainState, batch: Batch, frozen=None):
+    def step_fn(state: TrainState, batch: Batch, frozen=None, entropy_coef=None):
         minis = jax.tree.map(lambda x: _split(x, num_minibatches, micro_batches), batch)
         carry = (state.params, state.opt_state, state.step, state.skipped)
-        (params, opt_state, step, skipped), per_mini = jax.lax.scan(functools.partial(minibatch_update, frozen=frozen), carry, minis)
+        update = functools.partial(minibatch_update, frozen=frozen, entropy_coef=entropy_coef)
+        (params, opt_state, step, skipped), per_mini = jax.lax.scan(update, carry, minis)
         return TrainState(params, opt_state, step, skipped), step_metrics(per_mini, skipped)
 
     return jit_keeping_layout(step_fn, donate_argnums=0)  # the state keeps its layout: nothing recompiles
@@ -301,6 +305,12 @@ def statistics_priority(step, shape):
         u = jax.random.uniform(key, (p * m, *shape[2:]), jnp.float32)
         return jnp.swapaxes(u.reshape(p, m, *shape[2:]), 0, 1)
     return jax.random.uniform(key, shape, jnp.float32)
+
+
+def with_entropy_coef(stats: dict, entropy_coef) -> dict:
+    """The batch-level statistics with the step's adaptive entropy coefficient α_k added (the objective's
+    `entropy_coef` keyword), or as they are when there is none."""
+    return stats if entropy_coef is None else {**stats, "entropy_coef": entropy_coef}
 
 
 def with_pass_values(entropy, pass_entropy):

@@ -250,3 +250,9 @@ def test_unset_fast_paths_resolve_where_they_apply(overrides, packing, compactio
     assert (cfg.optim.packing, cfg.rollout.compaction) == (packing, compaction)
     again = config_from_dict(cfg.model_dump())  # the saved, resolved config reloads to the same paths
     assert (again.optim.packing, again.rollout.compaction) == (packing, compaction)
+
+
+def test_stop_at_accuracy_needs_evaluations():
+    with pytest.raises(Exception, match="train.eval_every"):
+        load_config(None, ["train.stop_at_accuracy=0.3", "train.eval_every=0"])
+    assert load_config(None, ["train.stop_at_accuracy=0.3", "train.eval_every=10"]).train.stop_at_accuracy == 0.3
