@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from dapo_jax.eval_command.sets import EvalSet
-from dapo_jax.training.config import ConfigError, RunConfig, config_from_dict, load_config, parse_overrides
+from dapo_jax.training.config import ConfigError, RunConfig, config_from_dict, load_config, parse_overrides, resolve
 
 _BASE_RUN_DIR = "<no run: a base model>"
 
@@ -187,7 +187,7 @@ def run_eval(target: Target, sets: list[EvalSet], flags: EvalFlags = EvalFlags()
     from dapo_jax.training.config import resolve_path
     from dapo_jax.training.evaluate import eval_key, evaluate
 
-    cfg = target.cfg
+    cfg = resolve(target.cfg)  # rollout.compaction, as the run resolves it (training/config.py)
     if not sets:
         if cfg.data.eval is None:
             raise ConfigError(f"{target.label}: nothing to evaluate on: pass --data (the config has no data.eval)")

@@ -29,7 +29,7 @@ from dapo_jax.training.actor import Actor
 from dapo_jax.training.build import build_mesh, load_model, load_tokenizer, load_trained_model, sampling_config
 from dapo_jax.training.checkpoint import Checkpointer
 from dapo_jax.training.compile_ahead import CompileAhead, abstract
-from dapo_jax.training.config import RunConfig
+from dapo_jax.training.config import RunConfig, resolve, resolved_keys
 from dapo_jax.training.critic import Critic
 from dapo_jax.training.difficulty import build_difficulty
 from dapo_jax.training.distill import check_teacher, load_teacher
@@ -43,7 +43,6 @@ from dapo_jax.training.model_identity import check_model_unchanged, record_model
 from dapo_jax.training.overlap import Prefetcher
 from dapo_jax.training.programs import attention_report, build_programs, run_optimizer
 from dapo_jax.training.report import Progress, ReadsNothing, counters, step_row
-from dapo_jax.training.rollout import Groups
 from dapo_jax.training.rollout_log import RolloutLog
 from dapo_jax.training.run_dir import RunDir
 from dapo_jax.training.run_state import restore, save
@@ -64,6 +63,7 @@ def train(cfg: RunConfig) -> dict:
     from dapo_jax.parallel.mesh import batch_sharding
     from dapo_jax.parallel.process_data import ProcessShare, start_processes
 
+    cfg, chosen = resolve(cfg), resolved_keys(cfg, resolve(cfg))  # the unset fast paths (config.py's resolve)
     run_dir = RunDir(cfg)
     objective, r = cfg.objective_config, cfg.rollout
     group_filter = GroupFilter(objective, group_size=r.G) if objective.gfpo else None
@@ -71,6 +71,8 @@ def train(cfg: RunConfig) -> dict:
     main = jax.process_index() == 0  # only process 0 prints and writes logs
     say = print if main else _silent
     compile_count()  # install the listener before anything compiles
+    if chosen:  # also in RUN_DIR/config.yaml, as every key
+        say("[dapo-jax] resolved: " + ", ".join(f"{k}={str(v).lower()}" for k, v in chosen.items()), flush=True)
 
     tokenizer = load_tokenizer(cfg)
     stream, eval_stream, scorer = sources.make_data(cfg, tokenizer, objective)
@@ -132,9 +134,7 @@ def train(cfg: RunConfig) -> dict:
         actor = SupervisedSource(cfg, stream, policy) if objective.supervised else Actor(  # SFT: the data's responses
             cfg, programs.generate, programs.continuous, policy, stream, share, tokenizer, scorer, step_scorer,
             group_filter, rollout_log, key, difficulty, tuple(cfg.data.sources or ()))
-        learner = Learner(programs.prepare, programs.train_step, policy, ref_params, critic, batch_sharding(mesh),
-                          reward_parts=objective.multi_reward == "normalize_then_sum",  # [P, G, K] (rewards/pipeline.py)
-                          step_rewards=step_scorer is not None, teacher=teacher)
+        learner = Learner(programs, policy, ref_params, batch_sharding(mesh), teacher=teacher)
         evaluation = Evaluation(programs.generate_eval, policy, eval_stream, tokenizer, scorer.for_eval, eval_key(key),
                                 batch_sharding(mesh), cfg, writer, say)
         monitor = NonFiniteMonitor(cfg.train.max_nonfinite_steps, lambda: max(ckpt.all_steps(), default=None))
@@ -143,7 +143,7 @@ def train(cfg: RunConfig) -> dict:
         checkpoint = functools.partial(save, ckpt, stream=stream, prefetch=prefetch, group_filter=group_filter,
                                        difficulty=difficulty)
         # the rollout's sampler and the update compile on other threads during eval@0 and the first rollout
-        ahead = _compile_ahead(cfg, actor, learner, state, run, scorer, mesh)
+        ahead = _compile_ahead(cfg, actor, learner, state, run, mesh)
         cleanup.callback(ahead.close)
 
         last = evaluation(0, state.params) if run.step == 0 else {}
@@ -217,7 +217,7 @@ class Evaluation:
         return self.generate(params, *to_global((ids, mask), self.rows), key)
 
 
-def _compile_ahead(cfg: RunConfig, actor: Actor, learner: Learner, state, run, scorer, mesh) -> CompileAhead:
+def _compile_ahead(cfg: RunConfig, actor: Actor, learner: Learner, state, run, mesh) -> CompileAhead:
     """The first step's rollout and update, compiled in the background (training/compile_ahead.py) while the
     main thread evaluates at step 0 and samples; nothing when no step is left to run. The jobs see the
     states by their shapes and layouts only: the first update donates the arrays."""
@@ -225,14 +225,10 @@ def _compile_ahead(cfg: RunConfig, actor: Actor, learner: Learner, state, run, s
 
     if run.step >= cfg.train.steps:
         return CompileAhead([])
-    r = cfg.rollout
-    g = 1 if cfg.objective_config.supervised else r.G  # SFT: each example is a group of one response
-    blank = Groups.blank(r.train_batch, cfg.data.max_prompt_length, g, r.max_new_tokens,
-                         steps=r.max_new_tokens if learner.step_rewards else 0, parts=len(scorer.weights))
     sampler = abstract(actor.policy.sampler(state.params))
     state, critic = abstract(committed(state)), abstract(committed(run.critic))  # as the updates commit them
     return CompileAhead([("rollout", functools.partial(actor.precompile, sampler)),
-                         ("update", functools.partial(learner.precompile, state, blank, critic))],
+                         ("update", functools.partial(learner.precompile, state, critic))],
                         context=lambda: jax.set_mesh(mesh))
 
 

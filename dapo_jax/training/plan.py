@@ -36,7 +36,7 @@ from pathlib import Path
 
 import jax
 
-from dapo_jax.training.config import ConfigError, RunConfig, resolve_path
+from dapo_jax.training.config import ConfigError, RunConfig, resolve, resolve_path
 from dapo_jax.training.plan_compile import GiB, Figures, cache_dir, extrapolate, lower_for, package_versions
 
 EXTRAPOLATE_FROM = (2, 3)  # layers compiled when extrapolating (a scan needs 2 or more)
@@ -228,6 +228,7 @@ def make_plan(cfg: RunConfig, *, topology: str | None = None, device_memory_gib:
     from dapo_jax.models.sharding import check_divisible
     from dapo_jax.training.plan_programs import build_world, num_params
 
+    cfg = resolve(cfg)  # the run's fast paths, as `train` resolves them
     log = log or (lambda *_: None)
     jobs = jobs or min(4, os.cpu_count() or 1)
     model_cfg, source = plan_model_config(cfg, model_config)

@@ -192,23 +192,12 @@ class World:
         return jobs
 
     def _prepare_inputs(self):
-        cfg = self.cfg
-        r, s, t = cfg.rollout, cfg.data.max_prompt_length, cfg.rollout.max_new_tokens
-        pb, g = r.train_batch, r.G
-        b = self.batched
-        # with normalize_then_sum the run passes each function's reward, [P, G, K] (training/step.py)
-        parts = (len(cfg.reward.functions),) if cfg.objective_config.multi_reward == "normalize_then_sum" else ()
-        args = (self.policy.trainer(self.state.params), self.reference, b((pb, s), jnp.int32), b((pb, s), jnp.int32),
-                b((pb, g, t), jnp.int32), b((pb, g, t), jnp.float32), b((pb, g, t), jnp.float32),
-                b((pb, g, *parts), jnp.float32), b((pb, g), jnp.bool_))
-        kwargs = {}
-        if cfg.objective_config.needs_step_rewards:
-            from dapo_jax.objectives.process import StepRewards
-
-            kwargs["steps"] = StepRewards(b((pb, g, t), jnp.float32), b((pb, g, t), jnp.int32), b((pb, g, t), jnp.float32))
-        if self.critic_state is not None:
-            kwargs.update(critic_params=self.critic_state.params, correct=b((pb, g), jnp.bool_))
-        return args, kwargs
+        """`prepare`'s inputs as the run writes them (`RunPrograms.prepare_inputs`), on the run's blank batch, each
+        array an abstract one with the run's layout."""
+        return self.programs.prepare_inputs(
+            self.programs.blank(), trainer_params=self.policy.trainer(self.state.params), reference=self.reference,
+            put=lambda tree: jax.tree.map(lambda x: self.batched(x.shape, x.dtype), tree),
+            critic_params=None if self.critic_state is None else self.critic_state.params)
 
     def _prepare_words(self) -> str:
         cfg, passes = self.cfg, []
@@ -275,19 +264,13 @@ class World:
 
     def _continuous_jobs(self, sampler, sampler_resident, key, prefill) -> list[Job]:
         cfg, cont = self.cfg, self.programs.continuous
-        k, g = cont.refill, cont.g
-        slots = self.lay_out(jax.eval_shape(cont._empty, sampler))
-        rows = jax.ShapeDtypeStruct((k * g,), jnp.int32, sharding=NamedSharding(self.mesh, PartitionSpec()))
-        ids = jax.ShapeDtypeStruct((k, cont.width), jnp.int32, sharding=NamedSharding(self.mesh, PartitionSpec()))
-        serials = jax.ShapeDtypeStruct((k,), jnp.int32, sharding=NamedSharding(self.mesh, PartitionSpec()))
-        want = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(self.mesh, PartitionSpec()))
-        words = f"{cfg.rollout.gen_batch} x {g} row slots, S {cont.width}, T {cfg.rollout.max_new_tokens}"
-        return [
-            Job("rollout: admit", "rollout", cont._admit, (sampler, slots, rows, ids, ids, key, serials),
-                resident=sampler_resident, attention=prefill, shape=f"{k} prompts into {words}"),
-            Job("rollout: decode", "rollout", cont._decode, (sampler, slots, want), resident=sampler_resident,
-                attention=prefill, shape=f"continuous decode of {words}"),
-        ]
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        words = f"{cfg.rollout.gen_batch} x {cont.g} row slots, S {cont.width}, T {cfg.rollout.max_new_tokens}"
+        shapes = {"admit": f"{cont.refill} prompts into {words}", "decode": f"continuous decode of {words}"}
+        return [Job(f"rollout: {name}", "rollout", fn, args, resident=sampler_resident, attention=prefill,
+                    shape=shapes[name])
+                for name, fn, args in cont.programs(sampler, key, lay_out=self.lay_out, host=lambda shape, dtype:
+                                                     jax.ShapeDtypeStruct(shape, dtype, sharding=replicated))]
 
 
 def _with_layout(acc, params, mesh):

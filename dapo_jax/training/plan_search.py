@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from dapo_jax.training.config import ConfigError, RunConfig, config_from_dict
+from dapo_jax.training.config import ConfigError, RunConfig, config_from_dict, resolve
 from dapo_jax.training.plan import Plan, make_plan, plan_model_config
 from dapo_jax.training.plan_compile import GiB
 
@@ -89,6 +89,7 @@ def search(cfg: RunConfig, family: str, *, meshes_per_size: int = 2, log=None, m
     """The smallest slice of `family` (e.g. "v5p") that fits, and the next size up (module docstring)."""
     from dapo_jax.training.slices import parse_family, slices_of
 
+    cfg = resolve(cfg)  # the run's fast paths, as `train` resolves them
     log = log or (lambda *_: None)
     chip = parse_family(family.split("-")[0])
     if chip is None:

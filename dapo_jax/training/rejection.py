@@ -23,7 +23,7 @@ import json
 import os
 from pathlib import Path
 
-from dapo_jax.training.config import ConfigError
+from dapo_jax.training.config import ConfigError, resolve
 
 
 def select_kept(records: list[dict], *, per_prompt: int) -> list[dict]:
@@ -59,6 +59,7 @@ def rejection_sample(cfg, params_model, tokenizer, *, out: str | Path, k: int, p
 
     if k < 1:
         raise ConfigError(f"--k {k}: sample at least 1 response per prompt")
+    cfg = resolve(cfg)  # rollout.compaction, as the run resolves it (training/config.py)
     problems = {p.index: p for p in sources.load_source(cfg.data.train, seed=cfg.data.seed)}
     stream = sources.make_stream(cfg.data.train, tokenizer, max_prompt_length=cfg.data.max_prompt_length,
                                  seed=cfg.data.seed, shuffle=False)

@@ -187,3 +187,107 @@ def test_chunked_prepare_needs_a_fraction_of_the_memory():
         prepare = make_prepare(ObjectiveConfig(), logprob, recompute_old_logp=True, chunks=n)
         temps[n] = prepare.lower(params, None, *args).compile().memory_analysis().temp_size_in_bytes
     assert temps[4] < 0.4 * temps[1], temps
+
+
+# --------------------------------------------------------------------------- one declaration, two paths
+def _run_and_plan(config, extra):
+    """The run's objects as `train` builds them (the model loaded, its weights on the mesh) and the plan's
+    abstract world, for one resolved config; both take `prepare`'s inputs from `RunPrograms.prepare_inputs`
+    on `RunPrograms.blank()`."""
+    import jax
+
+    from dapo_jax.parallel.mesh import batch_sharding, committed
+    from dapo_jax.training.build import build_mesh, load_model, load_tokenizer, sampling_config
+    from dapo_jax.training.config import resolve
+    from dapo_jax.training.critic import Critic
+    from dapo_jax.training.lora import PolicyWeights
+    from dapo_jax.training.plan_programs import build_world
+    from dapo_jax.training.programs import build_programs, run_optimizer
+    from dapo_jax.training.step import Learner
+    from dapo_jax.training.train_step import init_train_state
+
+    cfg = resolve(load_config(config, ["data.eval=null", "mesh.fsdp=2", *extra]))  # rows over 2 devices
+    objective = cfg.objective_config
+    mesh = build_mesh(cfg)
+    with jax.set_mesh(mesh):
+        tokenizer = load_tokenizer(cfg)
+        model = load_model(cfg, mesh, tokenizer)
+        policy, params = PolicyWeights.build(model, cfg.lora, seed=cfg.train.seed, mesh=mesh)
+        tx, schedule = run_optimizer(cfg)
+        state = committed(init_train_state(params, tx))  # laid out as the update hands it back (parallel/mesh.py)
+        critic = Critic.build(cfg, mesh) if objective.uses_critic else None
+        programs = build_programs(cfg, policy=policy, model_cfg=model.config, mesh=mesh, tx=tx, schedule=schedule,
+                                  scfg=sampling_config(cfg, tokenizer, model.config),
+                                  eval_scfg=sampling_config(cfg, tokenizer, model.config, eval_mode=True),
+                                  critic=critic, reward_weights=tuple(float(f.weight) for f in cfg.reward.functions))
+        learner = Learner(programs, policy, policy.reference(params) if objective.needs_reference else None,
+                          batch_sharding(mesh))
+        world = build_world(cfg, model.config, mesh)
+    return cfg, mesh, learner, state, None if critic is None else committed(critic.init_state), world
+
+
+def _specs(tree):
+    """(path, shape, dtype, sharding) of every array of `tree` (arrays or ShapeDtypeStructs)."""
+    import jax
+
+    out = []
+    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if hasattr(x, "shape"):
+            out.append((jax.tree_util.keystr(path), tuple(x.shape), str(x.dtype), getattr(x, "sharding", None)))
+    return out
+
+
+def _program(lowered) -> str:
+    """A lowered program's text without its arguments' sharding annotations (compared on their own)."""
+    import re
+
+    return re.sub(r"sdy\.sharding = #sdy\.sharding<[^>]*>", "", lowered.as_text())
+
+
+def _assert_same_inputs(run, plan, what):
+    a, b = _specs(run), _specs(plan)
+    assert [x[:3] for x in a] == [x[:3] for x in b], what
+    for (path, shape, _, s1), (_, _, _, s2) in zip(a, b):
+        assert s1 is not None and s2 is not None and s1.is_equivalent_to(s2, len(shape)), (what, path, s1, s2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config, extra", [
+    ("tiny_dapo", ["optim.packing=false"]),
+    ("tiny_dapo", ["optim.packing=true"]),
+    ("tiny_ppo", ["optim.packing=false"]),  # the critic: its params and `correct` into prepare, its update
+    ("tiny_grpo", ["objective.multi_reward=normalize_then_sum", "optim.packing=false",
+                   "reward.functions=[{name: synthetic}, {name: synthetic, weight: 0.5}]"]),
+    ("tiny_dapo_lora", ["optim.packing=false", "rollout.recompute_old_logp=true"]),  # the frozen base, pi_old
+], ids=["unpacked", "packed", "critic", "normalize_then_sum", "lora"])
+def test_the_run_and_the_plan_lower_the_same_prepare_and_update(config, extra):
+    """`prepare` and the update (and the critic's update) on the inputs the run gives them (its weights, its
+    batch laid out over the mesh, the update's batch as `prepare` hands it back) and on the plan's abstract
+    ones: the same shapes, dtypes and shardings, and the same lowered program."""
+    import jax
+
+    from dapo_jax.training.compile_ahead import abstract, compiled_outputs
+
+    cfg, mesh, learner, state, critic_state, world = _run_and_plan(config, extra)
+    jobs = {job.name: job for job in world.jobs()}
+    with jax.set_mesh(mesh):
+        args, kwargs = learner._prepare_inputs(state.params, learner.programs.blank(), critic_state)
+        plan = jobs["prepare"]
+        _assert_same_inputs(abstract((args, kwargs)), (plan.args, plan.kwargs), "prepare")
+        if cfg.objective_config.sums_normalised_rewards:  # each function's reward: [P, G, K]
+            assert args[7].shape == (cfg.rollout.train_batch, cfg.rollout.G, 2)
+        assert _program(learner.programs.prepare.lower(*args, **kwargs)) == _program(plan.lower())
+        batch, critic_batch = compiled_outputs(learner.programs.prepare, *args, **kwargs)
+        if cfg.optim.packing:  # its stages: the plan's first chunk takes the batch's rows and chunk layout
+            stages = [name for name in jobs if name.startswith("update: chunk")]
+            assert stages and "update" not in jobs
+            _assert_same_inputs(batch, jobs["update: select"].args[0], "update: select")
+        else:
+            kw = learner.policy.step_kwargs
+            plan = jobs["update"]
+            _assert_same_inputs(abstract(((state, batch), kw)), (plan.args, plan.kwargs), "update")
+            assert _program(learner.programs.train_step.lower(state, batch, **kw)) == _program(plan.lower())
+        if critic_state is not None:
+            plan = jobs["critic update"]
+            _assert_same_inputs((abstract(critic_state), critic_batch), plan.args, "critic update")
+            assert _program(learner.programs.critic.update.lower(critic_state, critic_batch)) == _program(plan.lower())
