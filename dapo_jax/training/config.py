@@ -168,7 +168,8 @@ class RolloutSection(_Section):
     # Active-row compaction (dapo_jax/sampling/compaction.py): once at most half the rows are still
     # decoding (on each batch device: rows never change device), go on with a batch of half the size
     # (down to compaction_min_rows); same rollout.
-    # None = on unless rollout.continuous (its alternative) or gen_batch x G cannot halve to compaction_min_rows
+    # None = on unless rollout.continuous (its alternative) or gen_batch x G cannot halve to
+    # compaction_min_rows: chosen by `resolve`
     compaction: bool | None = None
     compaction_min_rows: int = Field(default=8, ge=1)  # the smallest batch compaction goes down to
     # Continuous batching (dapo_jax/sampling/continuous.py): gen_batch x G row slots decoding at once,
@@ -197,7 +198,7 @@ class OptimSection(_Section):
     micro_batches: int = Field(default=1, gt=0)  # gradient accumulation within a mini-batch (same update)
     # Padding-free policy update (training/packed_step.py): the real tokens of every (prompt, response)
     # packed end to end into chunks of packing_rows x (max_prompt_length + max_new_tokens); same result.
-    # None = on, except for kind=gdpo (its per-prompt metric needs the unpacked layout)
+    # None = on, except for kind=gdpo (its per-prompt metric needs the unpacked layout): chosen by `resolve`
     packing: bool | None = None
     # responses per chunk; None = half a micro-batch's, >= G, a multiple of data*fsdp
     # (packed_step.default_chunk_rows)

@@ -291,3 +291,62 @@ def test_the_run_and_the_plan_lower_the_same_prepare_and_update(config, extra):
             plan = jobs["critic update"]
             _assert_same_inputs((abstract(critic_state), critic_batch), plan.args, "critic update")
             assert _program(learner.programs.critic.update.lower(critic_state, critic_batch)) == _program(plan.lower())
+
+
+@pytest.mark.parametrize("attention, share_prompts, packing, shared", [
+    ("reference", True, True, True),  # the CPU's attentions take a group's shared prompt (branch ids); splash and
+    ("blockwise", True, True, True),  # gpu_flash cannot (an accelerator's: not resolvable on a CPU mesh)
+    ("reference", False, True, False),  # optim.packing_share_prompts=false
+    ("reference", True, False, False),  # unpacked: nothing to share
+])
+def test_make_update_shares_prompts_only_where_the_attention_branches(attention, share_prompts, packing, shared):
+    """The update the run and the benchmarks build (`make_update`): packed or not by `optim.packing`, a group's
+    prompt shared only when the attention can branch (models/attention.py's `supports_branches`)."""
+    import jax
+    from flax import nnx
+
+    from dapo_jax.models.attention import resolve, supports_branches
+    from dapo_jax.objectives.config import ObjectiveConfig
+    from dapo_jax.parallel.mesh import make_mesh
+    from dapo_jax.training.config import OptimSection
+    from dapo_jax.training.programs import make_update
+    from dapo_jax.training.train_step import make_optimizer
+
+    assert supports_branches(resolve(attention, platform="cpu", seq_len=12))
+    assert not supports_branches("splash") and not supports_branches("gpu_flash")
+    optim = OptimSection(packing=packing, packing_share_prompts=share_prompts)
+    tx, schedule = make_optimizer(optim)
+    mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    step, share = make_update(nnx.split(_tiny(0))[0], tx, schedule, objective=ObjectiveConfig(), optim=optim,
+                              temperature=1.0, mesh=mesh, attention=attention, seq_len=12)
+    assert share is shared
+    assert hasattr(step, "packing_stats") is packing  # the packed step's own counters
+    with pytest.raises(ValueError, match="resolve"):
+        make_update(None, tx, schedule, objective=ObjectiveConfig(), optim=OptimSection(), temperature=1.0, mesh=mesh,
+                    attention=attention, seq_len=12)
+
+
+def test_the_plan_lowers_continuous_batchings_programs_with_the_streams_inputs():
+    """With `rollout.continuous` the plan lowers the sampler's admit and decode programs on the inputs
+    `ContinuousSampler.programs` declares: `refill` prompts of the stream's prompt width into the row slots."""
+    import jax
+
+    from dapo_jax.models.config import ModelConfig
+    from dapo_jax.parallel.mesh import make_mesh
+    from dapo_jax.training.config import resolve
+    from dapo_jax.training.plan_programs import build_world
+
+    cfg = resolve(load_config("tiny_dapo", ["rollout.continuous=true", "data.eval=null"]))
+    model_cfg = ModelConfig(model_type="qwen2", vocab_size=V, hidden_size=16, intermediate_size=32,
+                            num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, head_dim=8)
+    world = build_world(cfg, model_cfg, make_mesh(1, 1, 1, devices=jax.devices()[:1]))
+    jobs = {job.name: job for job in world.jobs()}
+    assert "rollout" not in jobs
+    cont = world.programs.continuous
+    admit, decode = jobs["rollout: admit"], jobs["rollout: decode"]
+    ids = admit.args[3]
+    assert ids.shape == (cont.refill, cfg.data.max_prompt_length) and admit.args[2].shape == (cont.refill * cfg.rollout.G,)
+    slots = jax.tree.leaves(admit.args[1])
+    assert slots and all(x.shape[0] == cfg.rollout.gen_batch * cfg.rollout.G for x in slots if x.ndim)
+    for job in (admit, decode):
+        assert "stablehlo" in job.lower().as_text()
