@@ -151,10 +151,10 @@ def matmul_peak(n: int = 1024, repeats: int = 5, dtype: str = "float32") -> floa
 
 # ----------------------------------------------------------------------------- our side
 def has_packing() -> bool:
-    from dapo_jax.training.config import OptimSection
+    from dapo_jax.training.config.run import OptimSection
 
     try:
-        from dapo_jax.training.packed_step import make_packed_train_step  # noqa: F401
+        from dapo_jax.training.update.packed_step import make_packed_train_step  # noqa: F401
     except ImportError:
         return False
     return "packing" in OptimSection.model_fields
@@ -168,8 +168,8 @@ def has_compaction() -> bool:
 
 def default_fast_paths(w: Workload) -> tuple[bool, bool]:
     """`(optim.packing, rollout.compaction)` as a run config that leaves them unset resolves them for this
-    workload (training/config.py's `resolve`): what a user's own config gets."""
-    from dapo_jax.training.config import RunConfig, resolve
+    workload (training/config/run.py's `resolve`): what a user's own config gets."""
+    from dapo_jax.training.config.run import RunConfig, resolve
 
     cfg = resolve(RunConfig.model_validate({
         "objective": {"name": "dapo", "dynamic_sampling": False, "overlong_buffer": None},
@@ -204,10 +204,10 @@ def _run_ours(model_dir, w, info, mesh, *, packing: bool, compaction: bool) -> d
     from dapo_jax.parallel.mesh import batch_sharding
     from dapo_jax.sampling.config import SamplingConfig
     from dapo_jax.sampling.sampler import make_generate
-    from dapo_jax.training.config import OptimSection
+    from dapo_jax.training.config.run import OptimSection
     from dapo_jax.training.metrics import compile_count
-    from dapo_jax.training.programs import make_update
-    from dapo_jax.training.train_step import Batch, init_train_state, make_optimizer
+    from dapo_jax.training.update.programs import make_update
+    from dapo_jax.training.update.train_step import Batch, init_train_state, make_optimizer
 
     tok = load_tokenizer(model_dir)
     model = load_pretrained(model_dir, mesh=mesh)
@@ -222,7 +222,7 @@ def _run_ours(model_dir, w, info, mesh, *, packing: bool, compaction: bool) -> d
     scfg = SamplingConfig(max_new_tokens=w.max_new_tokens, temperature=w.temperature,
                           eos_token_ids=(tok.eos_token_id,), pad_token_id=tok.pad_token_id, **extra)
     generate = make_generate(graphdef, scfg, w.G)
-    # the update as the loop builds it (training/programs.py): packed or not, a group's prompt shared only where
+    # the update as the loop builds it (training/update/programs.py): packed or not, a group's prompt shared only where
     # the model's attention can branch
     train_step, _ = make_update(graphdef, tx, schedule, objective=objective, optim=optim,
                                 temperature=scfg.logprob_temperature, mesh=mesh, attention=model.config.attention,

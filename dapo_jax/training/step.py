@@ -24,8 +24,10 @@ import jax
 from dapo_jax.parallel.host import to_global, to_host
 from dapo_jax.training.overlap import Prefetcher
 from dapo_jax.training.rollout import Groups
-from dapo_jax.training.run_state import RunState
-from dapo_jax.training.train_step import TrainState
+from dapo_jax.training.state.run_state import RunState
+from dapo_jax.training.update.compile_ahead import compiled_outputs
+from dapo_jax.training.update.distill import reverse_kl_mean
+from dapo_jax.training.update.train_step import TrainState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,14 +75,14 @@ def rl_step(step: int, state: TrainState, run: RunState, *, rollouts: Prefetcher
 
 @dataclasses.dataclass(frozen=True)
 class Learner:
-    """The update half of the step: the run's jitted `prepare` and `train_step` (training/programs.py) on the
+    """The update half of the step: the run's jitted `prepare` and `train_step` (training/update/programs.py) on the
     kept groups, laid out over the mesh."""
 
-    programs: Any  # training.programs.RunPrograms: prepare, train_step, the critic, and prepare's inputs
-    policy: Any  # training.lora.PolicyWeights
+    programs: Any  # training.update.programs.RunPrograms: prepare, train_step, the critic, and prepare's inputs
+    policy: Any  # training.update.lora.PolicyWeights
     reference: Any  # π_ref's weights (objective.needs_reference), or None
     rows: Any  # the batch's sharding: prompts (whole groups) over ("data", "fsdp")
-    teacher: Any = None  # on-policy distillation's frozen teacher (training/distill.py), or None
+    teacher: Any = None  # on-policy distillation's frozen teacher (training/update/distill.py), or None
 
     def advantages(self, params, groups: Groups, critic_state=None):
         """`(Batch, critic batch)` of `groups` on the mesh. GFPO's dropped responses (`groups.selected`) leave
@@ -97,10 +99,8 @@ class Learner:
 
     def precompile(self, state: TrainState, critic_state=None) -> list:
         """Compiles `advantages` and `update` for the update's batch (`programs.blank()`, the shapes every step's
-        batch has; training/compile_ahead.py): `prepare` here; returns the update's programs as `(name, compile)`
+        batch has; training/update/compile_ahead.py): `prepare` here; returns the update's programs as `(name, compile)`
         jobs, to compile in parallel."""
-        from dapo_jax.training.compile_ahead import compiled_outputs
-
         args, kwargs = self._prepare_inputs(state.params, self.programs.blank(), critic_state)
         batch, critic_batch = compiled_outputs(self.programs.prepare, *args, **kwargs)
         kw = self.policy.step_kwargs
@@ -117,8 +117,6 @@ class Learner:
         """`(state, critic_state, metrics on the host)` after the step's updates."""
         state, metrics = self.programs.train_step(state, batch, **self.policy.step_kwargs)
         if batch.teacher_logp is not None:  # on-policy distillation: how far the student's samples are
-            from dapo_jax.training.distill import reverse_kl_mean
-
             metrics = {**metrics, "distill/reverse_kl": reverse_kl_mean(batch.old_logp, batch.teacher_logp,
                                                                         batch.response_mask)}
         if self.programs.critic is not None:

@@ -10,7 +10,7 @@ from flax import nnx
 
 from dapo_jax.agents.update import episode_batch
 from dapo_jax.objectives.registry import load_objective
-from dapo_jax.training.train_step import init_train_state, make_train_step
+from dapo_jax.training.update.train_step import init_train_state, make_train_step
 from tests.agents.helpers import random_decoder
 
 # two groups of two episodes, T = 8: m = model id, o = observation id
@@ -122,7 +122,7 @@ def test_tool_ids_are_context_without_loss(stepped):
 
 def test_the_packed_update_refuses_episodes():
     """It packs trained tokens only: an episode's tool ids would silently leave the context."""
-    from dapo_jax.training.packed_step import make_packed_train_step
+    from dapo_jax.training.update.packed_step import make_packed_train_step
 
     graphdef, state = nnx.split(random_decoder())
     obj = load_objective("grpo", kl_beta=0.0)
