@@ -8,7 +8,7 @@
 The model is Qwen2.5-0.5B's config.json (`step_memory.QWEN25_05B`; `--model 1.5b`: Qwen2.5-1.5B's) with random weights: bf16
 compute, float32 master weights, `remat: dots_saveable`, as the recipe `qwen2.5-0.5b-gsm8k-dapo`.
 Each phase runs in a process of its own, so its peak memory is its own:
-- `train`: one DAPO update (`make_packed_train_step`, as the loop builds it, in `--micro-batches` micro-batches
+- `train`: one DAPO update (the packed one, by `training/update/programs.py`'s `make_update` as the loop builds it, in `--micro-batches` micro-batches
   as the recipe's 4) on `--prompts` prompts of `--prompt-len` tokens x G = `--group` responses of ragged
   lengths (uniform in 1..`--train-new-tokens`),
   the median of `--steps` timed steps after one untimed. MFU = model FLOPs / step time / the device's
@@ -150,12 +150,11 @@ def phase_train(args, cfg, mesh) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from dapo_jax.models.attention import resolve, supports_branches
     from dapo_jax.objectives.registry import load_objective
     from dapo_jax.parallel.host import to_global
     from dapo_jax.parallel.mesh import batch_sharding
     from dapo_jax.training.config.run import OptimSection
-    from dapo_jax.training.update.packed_step import make_packed_train_step
+    from dapo_jax.training.update.programs import make_update
     from dapo_jax.training.update.train_step import Batch, init_train_state, make_logprob_fn, make_optimizer
 
     graphdef, params, n_params = build(cfg, mesh)
@@ -169,17 +168,18 @@ def phase_train(args, cfg, mesh) -> dict:
     rids = rng.integers(1, cfg.vocab_size, size=(p, g, t)).astype(np.int32) * rmask
     adv = rng.choice([-1.0, 1.0], size=(p, g, 1)).astype(np.float32) * rmask
     put = lambda x: to_global(x, batch_sharding(mesh))  # noqa: E731
-    # as the trainer packs (training/update/programs.py): a group's prompt shared only where the attention can branch
-    share = supports_branches(resolve(cfg.attention, platform=mesh.devices.flat[0].platform, seq_len=s + t))
     objective = load_objective("dapo", dynamic_sampling=False, overlong_buffer=None, max_response_length=t)
-    tx, schedule = make_optimizer(OptimSection(lr=1e-6, weight_decay=0.1, grad_clip=1.0))
+    optim = OptimSection(lr=1e-6, weight_decay=0.1, grad_clip=1.0, packing=True, micro_batches=args.micro_batches)
+    tx, schedule = make_optimizer(optim)
     with jax.set_mesh(mesh):
         state = init_train_state(params, tx)
         pids_j, pmask_j, rids_j, rmask_j, adv_j = put((pids, pmask, rids, rmask, adv))
         old_logp, _ = make_logprob_fn(graphdef, temperature=1.0)(params, pids_j, pmask_j, rids_j, rmask_j)
         batch = Batch(pids_j, pmask_j, rids_j, rmask_j.astype(jnp.float32), old_logp, adv_j, jnp.zeros_like(old_logp))
-        step = make_packed_train_step(graphdef, tx, schedule, objective=objective, put=put,
-                                      micro_batches=args.micro_batches, share_prompts=share)
+        # the packed update as the trainer builds it (training/update/programs.py): a group's prompt shared only where
+        # the attention can branch
+        step, _ = make_update(graphdef, tx, schedule, objective=objective, optim=optim, temperature=1.0, mesh=mesh,
+                              attention=cfg.attention, seq_len=s + t)
         times = []
         for i in range(args.steps + 1):
             t0 = time.perf_counter()

@@ -168,13 +168,13 @@ def has_compaction() -> bool:
 
 def default_fast_paths(w: Workload) -> tuple[bool, bool]:
     """`(optim.packing, rollout.compaction)` as a run config that leaves them unset resolves them for this
-    workload (training/config/run.py's `_resolve_fast_paths`): what a user's own config gets."""
-    from dapo_jax.training.config.run import RunConfig
+    workload (training/config/run.py's `resolve`): what a user's own config gets."""
+    from dapo_jax.training.config.run import RunConfig, resolve
 
-    cfg = RunConfig.model_validate({
+    cfg = resolve(RunConfig.model_validate({
         "objective": {"name": "dapo", "dynamic_sampling": False, "overlong_buffer": None},
         "rollout": {"G": w.G, "train_batch": w.prompts, "gen_batch": w.prompts, "max_new_tokens": w.max_new_tokens},
-        "data": {"max_prompt_length": w.max_prompt_length}})
+        "data": {"max_prompt_length": w.max_prompt_length}}))
     return bool(cfg.optim.packing), bool(cfg.rollout.compaction)
 
 
@@ -206,7 +206,8 @@ def _run_ours(model_dir, w, info, mesh, *, packing: bool, compaction: bool) -> d
     from dapo_jax.sampling.sampler import make_generate
     from dapo_jax.training.config.run import OptimSection
     from dapo_jax.training.metrics import compile_count
-    from dapo_jax.training.update.train_step import Batch, init_train_state, make_optimizer, make_train_step
+    from dapo_jax.training.update.programs import make_update
+    from dapo_jax.training.update.train_step import Batch, init_train_state, make_optimizer
 
     tok = load_tokenizer(model_dir)
     model = load_pretrained(model_dir, mesh=mesh)
@@ -214,20 +215,18 @@ def _run_ours(model_dir, w, info, mesh, *, packing: bool, compaction: bool) -> d
     put = lambda x: to_global(x, batch_sharding(mesh))  # noqa: E731
     objective = load_objective("dapo", dynamic_sampling=False, overlong_buffer=None,
                                max_response_length=w.max_new_tokens, eps_low=w.eps_low, eps_high=w.eps_high)
-    optim = OptimSection(lr=w.lr, weight_decay=0.0, grad_clip=1.0)
+    optim = OptimSection(lr=w.lr, weight_decay=0.0, grad_clip=1.0, packing=packing)
     tx, schedule = make_optimizer(optim)
     state = init_train_state(params, tx)
     extra = {"compaction": True} if compaction else {}
     scfg = SamplingConfig(max_new_tokens=w.max_new_tokens, temperature=w.temperature,
                           eos_token_ids=(tok.eos_token_id,), pad_token_id=tok.pad_token_id, **extra)
     generate = make_generate(graphdef, scfg, w.G)
-    if packing:  # the padding-free update, as the loop builds it (training/update/packed_step.py)
-        from dapo_jax.training.update.packed_step import make_packed_train_step as make_step
-        step_kw = {"chunk_rows": None, "put": put}
-    else:
-        make_step, step_kw = make_train_step, {}
-    train_step = make_step(graphdef, tx, schedule, objective=objective, num_minibatches=1, micro_batches=1,
-                           temperature=scfg.logprob_temperature, **step_kw)
+    # the update as the loop builds it (training/update/programs.py): packed or not, a group's prompt shared only where
+    # the model's attention can branch
+    train_step, _ = make_update(graphdef, tx, schedule, objective=objective, optim=optim,
+                                temperature=scfg.logprob_temperature, mesh=mesh, attention=model.config.attention,
+                                seq_len=w.max_prompt_length + w.max_new_tokens)
 
     @jax.jit
     def prepare(rewards, response_mask):

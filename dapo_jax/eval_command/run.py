@@ -38,7 +38,7 @@ from dapo_jax.parallel.mesh import batch_sharding
 from dapo_jax.sampling.sampler import make_generate
 from dapo_jax.training import loop, sources
 from dapo_jax.training.config.run import (ConfigError, RunConfig, config_from_dict, load_config, parse_overrides,
-    resolve_path)
+    resolve, resolve_path)
 from dapo_jax.training.evaluate import eval_key, evaluate
 from dapo_jax.training.metrics import read_metrics
 from dapo_jax.training.state.checkpoint import ROTATION_RETRIES
@@ -186,7 +186,7 @@ def _settings_cfg(cfg: RunConfig, s: dict) -> RunConfig:
 def run_eval(target: Target, sets: list[EvalSet], flags: EvalFlags = EvalFlags()) -> dict:
     """Evaluates the target on every set (the run's own evaluation set, named `eval`, when `sets` is
     empty); returns the report: settings, per-set metrics and the per-problem records."""
-    cfg = target.cfg
+    cfg = resolve(target.cfg)  # rollout.compaction, as the run resolves it (training/config/run.py)
     if not sets:
         if cfg.data.eval is None:
             raise ConfigError(f"{target.label}: nothing to evaluate on: pass --data (the config has no data.eval)")

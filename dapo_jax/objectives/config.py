@@ -207,9 +207,9 @@ class ObjectiveConfig(BaseModel):
             raise ValueError(f"off_policy_cap must be > 1 (the ratio range is [1/C, C]), got {self.off_policy_cap}")
         if self.value_pretrain_steps and not self.uses_critic:
             raise ValueError(f"value_pretrain_steps={self.value_pretrain_steps} needs a critic: advantage='gae'")
-        if self.uses_critic and self.multi_reward == "normalize_then_sum":
+        if self.uses_critic and self.sums_normalised_rewards:
             raise ValueError("advantage='gae' takes one reward per response: use multi_reward='sum'")
-        if self.nll_coef > 0 and (self.high_entropy_quantile is not None
+        if self.nll_coef > 0 and (self.uses_high_entropy_tokens
                                   or self.off_policy_correction in _MASKING_CORRECTIONS):
             raise ValueError("nll_coef > 0 scales the NLL term by the policy loss's denominator, known before "
                              "the update only when it depends on the mask alone: turn off high_entropy_quantile "
@@ -218,7 +218,7 @@ class ObjectiveConfig(BaseModel):
         self._check_adaptive_entropy()
         if self.reward_weights is not None and len(self.reward_weights) == 0:
             raise ValueError("reward_weights must be None or non-empty")
-        if self.multi_reward == "normalize_then_sum" and self.advantage == "reinforce_pp":
+        if self.sums_normalised_rewards and self.advantage == "reinforce_pp":
             raise ValueError(
                 "multi_reward='normalize_then_sum' defines a sequence advantage; it cannot be used with "
                 "advantage='reinforce_pp' (token-level returns): use multi_reward='sum'"
@@ -309,9 +309,20 @@ class ObjectiveConfig(BaseModel):
         return self.advantage == "grpo_process"
 
     @property
+    def sums_normalised_rewards(self) -> bool:
+        """True when each reward function's reward is normalised in its group and then summed with its weight
+        (`multi_reward="normalize_then_sum"`, GDPO / MO-GRPO): the rewards come per function, `[P, G, K]`."""
+        return self.multi_reward == "normalize_then_sum"
+
+    @property
+    def uses_high_entropy_tokens(self) -> bool:
+        """True when only the tokens at or above the batch's `high_entropy_quantile` of entropy are trained on."""
+        return self.high_entropy_quantile is not None
+
+    @property
     def needs_entropy(self) -> bool:
         """True when the loss needs per-token entropies."""
-        return (self.entropy_coef != 0 or self.high_entropy_quantile is not None or self.entropy_driven_advantage
+        return (self.entropy_coef != 0 or self.uses_high_entropy_tokens or self.entropy_driven_advantage
                 or self.adaptive_entropy)
 
     @property

@@ -187,7 +187,7 @@ def objective_terms(cfg: ObjectiveConfig, *, logp, old_logp, advantages, mask, r
                 raise ValueError(f"entropy_coef (the step's adaptive coefficient α_k) is required: "
                                  f"entropy_target={cfg.entropy_target}")
             loss = entropy_bonus(loss, entropy, coef=jax.lax.stop_gradient(jnp.asarray(entropy_coef, jnp.float32)))
-        if cfg.high_entropy_quantile is not None:
+        if cfg.uses_high_entropy_tokens:
             train_mask = high_entropy_mask(jax.lax.stop_gradient(entropy), m, quantile=cfg.high_entropy_quantile,
                                            threshold=entropy_threshold)
             metrics["high_entropy_kept"] = (jnp.sum(train_mask), jnp.sum(m))
@@ -257,7 +257,7 @@ def compute_advantages(cfg: ObjectiveConfig, rewards, mask, kl=None, *, valid=No
         return ADVANTAGES[cfg.advantage](rewards, mask=mask, valid=valid, eps=cfg.std_eps, unbiased=cfg.std_unbiased)
     r = jnp.asarray(rewards, jnp.float32)
     if r.ndim == 3:
-        if cfg.multi_reward == "normalize_then_sum":
+        if cfg.sums_normalised_rewards:
             if cfg.kl_beta > 0 and cfg.kl_in == "reward":
                 raise ValueError("multi_reward='normalize_then_sum' cannot take the KL in the reward: use kl_in='loss'")
             return combine_rewards(r, weights=cfg.reward_weights, mode=cfg.multi_reward, valid=valid,

@@ -198,6 +198,19 @@ class ContinuousSampler:
         self._decode = jax.jit(merged(lambda model, st, want: _decode(model, st, want, config=config)),
                                donate_argnums=1)
 
+    def programs(self, state, key, *, lay_out: Callable = lambda tree: tree,
+                 host: Callable = jax.ShapeDtypeStruct) -> list[tuple[str, Callable, tuple]]:
+        """`(name, jitted program, arguments)` of the two programs `stream` runs, with the arguments it gives
+        them, for `state` (the sampler's weights) and `key` as given (arrays or `jax.ShapeDtypeStruct`s):
+        "admit" puts `refill` prompts (ids, mask [refill, prompt_width]) into free row slots, "decode" decodes
+        until a number of rows has finished. The row slots are `ShapeDtypeStruct`s through `lay_out` (the
+        plan: the run's layout); the host's int32 arguments are `host(shape, dtype)`."""
+        k, g, w = self.refill, self.g, self.width
+        slots = lay_out(jax.eval_shape(self._empty, state))
+        ids = host((k, w), jnp.int32)
+        return [("admit", self._admit, (state, slots, host((k * g,), jnp.int32), ids, ids, key, host((k,), jnp.int32))),
+                ("decode", self._decode, (state, slots, host((), jnp.int32)))]
+
     def stream(self, state, next_prompts: Callable[[int], tuple[np.ndarray, np.ndarray, list]], key: jax.Array,
                *, max_prompts: int, in_flight: Callable[[], int] | None = None) -> Iterator[Finished]:
         """Yields the groups in the order their prompts were admitted, `refill` at a time, until

@@ -30,7 +30,7 @@ from dapo_jax.parallel.process_data import ProcessShare, start_processes
 from dapo_jax.training import sources
 from dapo_jax.training.actor import Actor
 from dapo_jax.training.build import build_mesh, load_model, load_tokenizer, load_trained_model, sampling_config
-from dapo_jax.training.config.run import RunConfig
+from dapo_jax.training.config.run import RunConfig, resolve, resolved_keys
 from dapo_jax.training.difficulty import build_difficulty
 from dapo_jax.training.episode_source import EpisodeSource, evaluate_episodes, load_agent, tool_stop_sequences
 from dapo_jax.training.evaluate import eval_key, evaluate
@@ -39,7 +39,6 @@ from dapo_jax.training.loggers import make_loggers
 from dapo_jax.training.metrics import MetricsWriter, compile_count
 from dapo_jax.training.overlap import Prefetcher
 from dapo_jax.training.report import Progress, ReadsNothing, counters, step_row
-from dapo_jax.training.rollout import Groups
 from dapo_jax.training.rollout_log import RolloutLog
 from dapo_jax.training.run_data import make_data
 from dapo_jax.training.state.checkpoint import Checkpointer
@@ -66,6 +65,7 @@ def train(cfg: RunConfig) -> dict:
     `CheckpointError` for what the user must fix, `RunStopped` (`NonFiniteError`, `Preempted`) when
     the run stopped early, `StarvationError` when dynamic sampling could not fill a batch.
     """
+    cfg, chosen = resolve(cfg), resolved_keys(cfg, resolve(cfg))  # the unset fast paths (config.py's resolve)
     run_dir = RunDir(cfg)
     objective, r = cfg.objective_config, cfg.rollout
     group_filter = GroupFilter(objective, group_size=r.G) if objective.gfpo else None
@@ -73,6 +73,8 @@ def train(cfg: RunConfig) -> dict:
     main = jax.process_index() == 0  # only process 0 prints and writes logs
     say = print if main else _silent
     compile_count()  # install the listener before anything compiles
+    if chosen:  # also in RUN_DIR/config.yaml, as every key
+        say("[dapo-jax] resolved: " + ", ".join(f"{k}={str(v).lower()}" for k, v in chosen.items()), flush=True)
 
     tokenizer = load_tokenizer(cfg)
     stream, eval_stream, scorer = make_data(cfg, tokenizer, objective)
@@ -137,10 +139,8 @@ def train(cfg: RunConfig) -> dict:
             cfg, programs.generate, programs.continuous, policy, stream, share, tokenizer, scorer, step_scorer,
             group_filter, rollout_log, key, difficulty, tuple(cfg.data.sources or ())) if agent is None else \
             EpisodeSource(cfg, programs.engine, policy, stream, agent, tokenizer, scorer, rollout_log, key)  # episodes
-        learner = Learner(programs.prepare, programs.train_step, policy, ref_params, critic, batch_sharding(mesh),
-                          reward_parts=objective.multi_reward == "normalize_then_sum",  # [P, G, K] (rewards/pipeline.py)
-                          step_rewards=step_scorer is not None or (agent is not None and objective.needs_step_rewards),
-                          teacher=teacher, entropy_control=entropy_controller(objective))  # objective.entropy_target, or None
+        learner = Learner(programs, policy, ref_params, batch_sharding(mesh), teacher=teacher,
+                          entropy_control=entropy_controller(objective))  # objective.entropy_target, or None
         evaluation = Evaluation(programs.generate_eval, policy, eval_stream, tokenizer, scorer.for_eval, eval_key(key),
                                 batch_sharding(mesh), cfg, writer, say, programs.engine_eval, agent)
         monitor = NonFiniteMonitor(cfg.train.max_nonfinite_steps, lambda: max(ckpt.all_steps(), default=None))
@@ -149,7 +149,7 @@ def train(cfg: RunConfig) -> dict:
         checkpoint = functools.partial(save, ckpt, stream=stream, prefetch=prefetch, group_filter=group_filter,
                                        difficulty=difficulty)
         # the rollout's sampler and the update compile on other threads during eval@0 and the first rollout
-        ahead = _compile_ahead(cfg, actor, learner, state, run, scorer, mesh)
+        ahead = _compile_ahead(cfg, actor, learner, state, run, mesh)
         cleanup.callback(ahead.close)
 
         last = evaluation(0, state.params) if run.step == 0 else {}
@@ -237,21 +237,16 @@ class Evaluation:
         return self.generate(params, *to_global((ids, mask), self.rows), key)
 
 
-def _compile_ahead(cfg: RunConfig, actor: Actor, learner: Learner, state, run, scorer, mesh) -> CompileAhead:
+def _compile_ahead(cfg: RunConfig, actor: Actor, learner: Learner, state, run, mesh) -> CompileAhead:
     """The first step's rollout and update, compiled in the background (training/update/compile_ahead.py) while the
     main thread evaluates at step 0 and samples; nothing when no step is left to run. The jobs see the
     states by their shapes and layouts only: the first update donates the arrays."""
     if run.step >= cfg.train.steps:
         return CompileAhead([])
-    r, a = cfg.rollout, cfg.agent
-    g = 1 if cfg.objective_config.supervised else r.G  # SFT: each example is a group of one response
-    steps = (r.max_new_tokens if a is None else a.max_turns) if learner.step_rewards else 0  # an episode's: its turns
-    blank = Groups.blank(r.train_batch, cfg.data.max_prompt_length, g, cfg.response_tokens, steps=steps,
-                         parts=len(scorer.weights), context=a is not None)
     sampler = abstract(actor.policy.sampler(state.params))
     state, critic = abstract(committed(state)), abstract(committed(run.critic))  # as the updates commit them
     return CompileAhead([("rollout", functools.partial(actor.precompile, sampler)),
-                         ("update", functools.partial(learner.precompile, state, blank, critic))],
+                         ("update", functools.partial(learner.precompile, state, critic))],
                         context=lambda: jax.set_mesh(mesh))
 
 

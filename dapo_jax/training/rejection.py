@@ -32,7 +32,7 @@ from dapo_jax.parallel.mesh import batch_sharding
 from dapo_jax.sampling.sampler import make_generate
 from dapo_jax.training import sources
 from dapo_jax.training.build import build_mesh, load_model, load_tokenizer, sampling_config
-from dapo_jax.training.config.run import ConfigError, find_config
+from dapo_jax.training.config.run import ConfigError, find_config, resolve
 from dapo_jax.training.evaluate import eval_key, evaluate
 
 
@@ -59,6 +59,7 @@ def rejection_sample(cfg, params_model, tokenizer, *, out: str | Path, k: int, p
     (`select_kept`) and writes them to `out`; returns the counts (prompts, sampled, correct, kept)."""
     if k < 1:
         raise ConfigError(f"--k {k}: sample at least 1 response per prompt")
+    cfg = resolve(cfg)  # rollout.compaction, as the run resolves it (training/config/run.py)
     problems = {p.index: p for p in sources.load_source(cfg.data.train, seed=cfg.data.seed)}
     stream = sources.make_stream(cfg.data.train, tokenizer, max_prompt_length=cfg.data.max_prompt_length,
                                  seed=cfg.data.seed, shuffle=False)

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import numpy as np
 
 from dapo_jax.objectives.adaptive_entropy import EntropyControl
-from dapo_jax.objectives.process import StepRewards
 from dapo_jax.parallel.host import to_global, to_host
 from dapo_jax.training.overlap import Prefetcher
 from dapo_jax.training.rollout import Groups
@@ -88,14 +87,10 @@ class Learner:
     """The update half of the step: the run's jitted `prepare` and `train_step` (training/update/programs.py) on the
     kept groups, laid out over the mesh."""
 
-    prepare: Callable  # log π_old / π_ref recomputed, advantages (and the critic's batch): jitted
-    train_step: Callable  # (TrainState, Batch, **policy.step_kwargs) -> (TrainState, metrics)
+    programs: Any  # training.update.programs.RunPrograms: prepare, train_step, the critic, and prepare's inputs
     policy: Any  # training.update.lora.PolicyWeights
     reference: Any  # π_ref's weights (objective.needs_reference), or None
-    critic: Any  # training.update.critic.Critic (PPO, VAPO), or None
     rows: Any  # the batch's sharding: prompts (whole groups) over ("data", "fsdp")
-    reward_parts: bool  # multi_reward normalize_then_sum: each function's reward [P, G, K], combined on the device
-    step_rewards: bool  # process supervision: advantages from the step rewards (docs/objectives.md#process-supervision)
     teacher: Any = None  # on-policy distillation's frozen teacher (training/update/distill.py), or None
     # objective.entropy_target: `(EntropyControl, entropy) -> EntropyControl` (objectives/adaptive_entropy.py), or None
     entropy_control: Callable | None = None
@@ -104,35 +99,29 @@ class Learner:
         """`(Batch, critic batch)` of `groups` on the mesh. GFPO's dropped responses (`groups.selected`) leave
         the loss, its denominator and the advantages' statistics; padding groups (valid=False) carry none."""
         args, kwargs = self._prepare_inputs(params, groups, critic_state)
-        return self.prepare(*args, **kwargs)
+        return self.programs.prepare(*args, **kwargs)
 
     def _prepare_inputs(self, params, groups: Groups, critic_state) -> tuple[tuple, dict]:
-        sel = groups.selected
-        host = (groups.prompt_ids, groups.prompt_mask, groups.response_ids, groups.response_mask * sel[..., None],
-                groups.old_logp, groups.reward_parts if self.reward_parts else groups.rewards,
-                groups.valid[:, None] & sel)
-        steps = StepRewards(groups.step_rewards, groups.step_ends, groups.step_mask) if self.step_rewards else None
-        critic_in = {} if self.critic is None else {
-            "critic_params": critic_state.params, "correct": to_global(groups.correct, self.rows)}
-        teacher_in = {} if self.teacher is None else {"teacher_params": self.teacher.params}
-        # an agent run's episodes: tool ids are context without loss (training/episode_source.py)
-        context_in = {} if not groups.context_mask.shape[-1] else {
-            "context_mask": to_global(groups.context_mask, self.rows)}
-        return ((self.policy.trainer(params), self.reference, *to_global(host, self.rows)),
-                {"steps": to_global(steps, self.rows), **critic_in, **teacher_in, **context_in})
+        return self.programs.prepare_inputs(
+            groups, trainer_params=self.policy.trainer(params), reference=self.reference,
+            put=lambda tree: to_global(tree, self.rows),
+            critic_params=None if critic_state is None else critic_state.params,
+            teacher_params=None if self.teacher is None else self.teacher.params)
 
-    def precompile(self, state: TrainState, groups: Groups, critic_state=None) -> list:
-        """Compiles `advantages` and `update` for a batch shaped like `groups` (training/update/compile_ahead.py):
-        `prepare` here; returns the update's programs as `(name, compile)` jobs, to compile in parallel."""
-        args, kwargs = self._prepare_inputs(state.params, groups, critic_state)
-        batch, critic_batch = compiled_outputs(self.prepare, *args, **kwargs)
+    def precompile(self, state: TrainState, critic_state=None) -> list:
+        """Compiles `advantages` and `update` for the update's batch (`programs.blank()`, the shapes every step's
+        batch has; training/update/compile_ahead.py): `prepare` here; returns the update's programs as `(name, compile)`
+        jobs, to compile in parallel."""
+        args, kwargs = self._prepare_inputs(state.params, self.programs.blank(), critic_state)
+        batch, critic_batch = compiled_outputs(self.programs.prepare, *args, **kwargs)
         kw = self._step_kwargs(0.0)
-        if hasattr(self.train_step, "precompile"):  # the packed update: a program per chunk height
-            jobs = self.train_step.precompile(state, batch, **kw)
+        if hasattr(self.programs.train_step, "precompile"):  # the packed update: a program per chunk height
+            jobs = self.programs.train_step.precompile(state, batch, **kw)
         else:
-            jobs = [("update", lambda: self.train_step.lower(state, batch, **kw).compile())]
-        if self.critic is not None:
-            jobs.append(("critic update", lambda: self.critic.update.lower(critic_state, critic_batch).compile()))
+            jobs = [("update", lambda: self.programs.train_step.lower(state, batch, **kw).compile())]
+        critic = self.programs.critic
+        if critic is not None:
+            jobs.append(("critic update", lambda: critic.update.lower(critic_state, critic_batch).compile()))
         return jobs
 
     def _step_kwargs(self, entropy_coef) -> dict:
@@ -144,12 +133,12 @@ class Learner:
 
     def update(self, state: TrainState, critic_state, batch, critic_batch, entropy_coef=None):
         """`(state, critic_state, metrics on the host)` after the step's updates; `entropy_coef`: α_k."""
-        state, metrics = self.train_step(state, batch, **self._step_kwargs(entropy_coef))
+        state, metrics = self.programs.train_step(state, batch, **self._step_kwargs(entropy_coef))
         if batch.teacher_logp is not None:  # on-policy distillation: how far the student's samples are
             metrics = {**metrics, "distill/reverse_kl": reverse_kl_mean(batch.old_logp, batch.teacher_logp,
                                                                         batch.response_mask)}
-        if self.critic is not None:
-            critic_state, critic_metrics = self.critic.update(critic_state, critic_batch)
+        if self.programs.critic is not None:
+            critic_state, critic_metrics = self.programs.critic.update(critic_state, critic_batch)
             metrics = {**metrics, **critic_metrics}
         return state, critic_state, to_host(metrics)
 

@@ -175,7 +175,8 @@ class RolloutSection(_Section):
     # Active-row compaction (dapo_jax/sampling/compaction.py): once at most half the rows are still
     # decoding (on each batch device: rows never change device), go on with a batch of half the size
     # (down to compaction_min_rows); same rollout.
-    # None = on unless rollout.continuous (its alternative) or gen_batch x G cannot halve to compaction_min_rows
+    # None = on unless rollout.continuous (its alternative) or gen_batch x G cannot halve to
+    # compaction_min_rows: chosen by `resolve`
     compaction: bool | None = None
     compaction_min_rows: int = Field(default=8, ge=1)  # the smallest batch compaction goes down to
     # Continuous batching (dapo_jax/sampling/continuous.py): gen_batch x G row slots decoding at once,
@@ -204,7 +205,7 @@ class OptimSection(_Section):
     micro_batches: int = Field(default=1, gt=0)  # gradient accumulation within a mini-batch (same update)
     # Padding-free policy update (training/update/packed_step.py): the real tokens of every (prompt, response)
     # packed end to end into chunks of packing_rows x (max_prompt_length + max_new_tokens); same result.
-    # None = on, except for kind=gdpo (its per-prompt metric needs the unpacked layout)
+    # None = on, except for kind=gdpo (its per-prompt metric needs the unpacked layout): chosen by `resolve`
     packing: bool | None = None
     # responses per chunk; None = half a micro-batch's, >= G, a multiple of data*fsdp
     # (packed_step.default_chunk_rows)
@@ -468,7 +469,6 @@ class RunConfig(_Section):
             values = value if isinstance(value, tuple) else () if value is None else (value,)
             if not all(math.isfinite(v) for v in values):
                 raise _KeyedError(f"objective.{key}", f"{value} is not finite")
-        self._resolve_fast_paths(objective)
         o, r = self.optim, self.rollout
         if o.packing and objective.kind == "gdpo":
             raise _KeyedError("optim.packing", "kind='gdpo' is not supported packed (its groups_used metric counts "
@@ -479,7 +479,7 @@ class RunConfig(_Section):
             raise _KeyedError("reward.functions.0.name", f"advantage={objective.advantage!r} needs step rewards, and "
                               f"{self.reward.functions[0].name!r} has none (step rewards: {sorted(STEP_REWARDS)}, or "
                               f"a process_reward_model)")
-        if objective.multi_reward == "normalize_then_sum":  # the parts are combined on the device (rewards/pipeline.py)
+        if objective.sums_normalised_rewards:  # the parts are combined on the device (rewards/pipeline.py)
             weights = tuple(float(f.weight) for f in self.reward.functions)
             if objective.overlong_buffer is not None:
                 raise _KeyedError("objective.multi_reward", "normalize_then_sum combines the reward functions' own "
@@ -526,7 +526,7 @@ class RunConfig(_Section):
         if self.data.sources is None:
             return self
         objective = self.objective_config
-        if objective.multi_reward == "normalize_then_sum":
+        if objective.sums_normalised_rewards:
             raise _KeyedError("data.sources", "objective.multi_reward=normalize_then_sum combines each reward "
                               "function's own reward, and a mixture's sources have their own functions: use "
                               "multi_reward=sum, or one source")
@@ -612,22 +612,6 @@ class RunConfig(_Section):
                           f"or shrink the band (objective.overlong_buffer={max(1, length // 4)}), or turn it off "
                           f"(objective.overlong_buffer=null)")
 
-    def _resolve_fast_paths(self, objective) -> None:
-        """`optim.packing` and `rollout.compaction` left unset (None) become what is exact and faster here:
-        both compute the same update and rollout as the plain paths (tests/training/update/test_packed_step.py,
-        tests/sampling/test_compaction.py), so they are on wherever they apply (docs/benchmarks.md,
-        "Fast paths by default")."""
-        r, o = self.rollout, self.optim
-        if self.agent is not None and o.packing:  # episodes carry a context mask the packed update does not take yet
-            warnings.warn("optim.packing=true: an agent run's episodes carry tool ids as context, which the packed "
-                          "update does not take yet; the unpacked update runs (same result)", UserWarning, stacklevel=2)
-        if o.packing is None or self.agent is not None:
-            packing = objective.kind != "gdpo" and self.agent is None
-            object.__setattr__(self, "optim", o.model_copy(update={"packing": packing}))
-        if r.compaction is None:
-            halves = (r.gen_batch * r.G) // 2 >= r.compaction_min_rows
-            object.__setattr__(self, "rollout", r.model_copy(update={"compaction": not r.continuous and halves}))
-
     @property
     def sampler_dtype(self) -> str:
         """The sampler's compute dtype (`rollout.sampler_dtype`, else the trainer's `model.dtype`)."""
@@ -669,6 +653,42 @@ class RunConfig(_Section):
         dump.pop("name", None)
         data["objective"] = {"name": self.objective.name, **dump}
         return yaml.safe_dump(data, sort_keys=False)
+
+
+def resolve(cfg: RunConfig) -> RunConfig:
+    """`cfg` with the fast paths it leaves unset (`null`) chosen: the one step after validation that fills them,
+    called where a run (`train`) and a plan (`make_plan`) start, and shown in the run's config.
+
+    `optim.packing` and `rollout.compaction` left unset become what is exact and faster here: both compute the
+    same update and rollout as the plain paths (tests/training/update/test_packed_step.py,
+    tests/sampling/test_compaction.py), so they are on wherever they apply (docs/benchmarks.md, "Fast paths by
+    default"): packing except for group DPO (its metric counts the padded batch's prompts), compaction without
+    continuous batching and when a round's rows halve to at least `rollout.compaction_min_rows`. What a config
+    names is kept; a resolved config resolves to itself."""
+    r, o = cfg.rollout, cfg.optim
+    update = {}
+    if cfg.agent is not None and o.packing:  # episodes carry a context mask the packed update does not take yet
+        warnings.warn("optim.packing=true: an agent run's episodes carry tool ids as context, which the packed "
+                      "update does not take yet; the unpacked update runs (same result)", UserWarning, stacklevel=2)
+    if o.packing is None or (cfg.agent is not None and o.packing):
+        packing = cfg.objective_config.kind != "gdpo" and cfg.agent is None
+        update["optim"] = o.model_copy(update={"packing": packing})
+    if r.compaction is None:
+        halves = (r.gen_batch * r.G) // 2 >= r.compaction_min_rows
+        update["rollout"] = r.model_copy(update={"compaction": not r.continuous and halves})
+    return cfg.model_copy(update=update) if update else cfg
+
+
+def resolved_keys(before: RunConfig, after: RunConfig) -> dict[str, Any]:
+    """`{dotted key: value}` of what `resolve` chose (the keys `before` left unset), for the run to print."""
+    return {f"{section}.{key}": getattr(getattr(after, section), key)
+            for section, key in (("optim", "packing"), ("rollout", "compaction"))
+            if getattr(getattr(before, section), key) is None}
+
+
+def is_resolved(cfg: RunConfig) -> bool:
+    """Whether `resolve` has filled every fast path (the programs are built only from a resolved config)."""
+    return cfg.optim.packing is not None and cfg.rollout.compaction is not None
 
 
 def _recipe_file(name: str) -> str:

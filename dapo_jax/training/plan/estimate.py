@@ -77,7 +77,7 @@ def step_time(cfg: RunConfig, m, *, mesh: dict, chip, devices: int, response_tok
     else:
         update_flops = p * g * forward_flops(m, s + t) * train_k
     passes = int(cfg.recompute_old_logp) + int(objective.needs_reference)
-    if getattr(objective, "high_entropy_quantile", None) is not None or getattr(objective, "entropy_driven_advantage", False):
+    if objective.uses_high_entropy_tokens or objective.entropy_driven_advantage:
         passes += 1  # the update's no-gradient entropy pass
     logprob_flops = passes * p * g * forward_flops(m, s + t)
     if teacher is not None:  # the frozen teacher scores the student's tokens

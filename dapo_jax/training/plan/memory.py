@@ -38,7 +38,7 @@ import jax
 
 from dapo_jax.models.sharding import check_divisible
 from dapo_jax.parallel.mesh import make_mesh
-from dapo_jax.training.config.run import ConfigError, RunConfig
+from dapo_jax.training.config.run import ConfigError, RunConfig, resolve
 from dapo_jax.training.plan.chips import chip_for
 from dapo_jax.training.plan.compile import (Figures, GiB, cache_dir, extrapolate, lower_for, package_versions,
                                             shard_bytes)
@@ -189,6 +189,7 @@ def make_plan(cfg: RunConfig, *, topology: str | None = None, device_memory_gib:
     `topology` (e.g. "v5p-64"), on abstract inputs, and adds them up per phase (module docstring).
     `estimate`: `estimate.step_time`'s options, or None for no time estimate; `jobs`: programs compiled at
     once (default: the CPU cores, at most 4; XLA compiles one program on one core)."""
+    cfg = resolve(cfg)  # the run's fast paths, as `train` resolves them
     log = log or (lambda *_: None)
     jobs = jobs or min(4, os.cpu_count() or 1)
     model_cfg, source = plan_model_config(cfg, model_config)

@@ -31,7 +31,6 @@ from dapo_jax.models.generation_config import GenerationConfig
 from dapo_jax.models.lora import add_lora
 from dapo_jax.models.sharding import partition_spec, path_str
 from dapo_jax.models.value_head import ValueModel
-from dapo_jax.objectives.process import StepRewards
 from dapo_jax.parallel.mesh import batch_sharding
 from dapo_jax.training.build import sampling_config
 from dapo_jax.training.config.run import RunConfig
@@ -245,26 +244,13 @@ class World:
         ]
 
     def _prepare_inputs(self):
-        cfg = self.cfg
-        r, s, t = cfg.rollout, cfg.data.max_prompt_length, cfg.response_tokens
-        pb, g = r.train_batch, self.group_size
-        b = self.batched
-        # with normalize_then_sum the run passes each function's reward, [P, G, K] (training/step.py)
-        parts = (len(cfg.reward.functions),) if cfg.objective_config.multi_reward == "normalize_then_sum" else ()
-        args = (self.policy.trainer(self.state.params), self.reference, b((pb, s), jnp.int32), b((pb, s), jnp.int32),
-                b((pb, g, t), jnp.int32), b((pb, g, t), jnp.float32), b((pb, g, t), jnp.float32),
-                b((pb, g, *parts), jnp.float32), b((pb, g), jnp.bool_))
-        kwargs = {}
-        if cfg.objective_config.needs_step_rewards:
-            j = t if cfg.agent is None else cfg.agent.max_turns  # an episode's steps are its turns
-            kwargs["steps"] = StepRewards(b((pb, g, j), jnp.float32), b((pb, g, j), jnp.int32), b((pb, g, j), jnp.float32))
-        if cfg.agent is not None:  # episodes: tool ids are context without loss (training/episode_source.py)
-            kwargs["context_mask"] = b((pb, g, t), jnp.float32)
-        if self.critic_state is not None:
-            kwargs.update(critic_params=self.critic_state.params, correct=b((pb, g), jnp.bool_))
-        if self.teacher is not None:
-            kwargs["teacher_params"] = self.teacher.params
-        return args, kwargs
+        """`prepare`'s inputs as the run writes them (`RunPrograms.prepare_inputs`), on the run's blank batch, each
+        array an abstract one with the run's layout."""
+        return self.programs.prepare_inputs(
+            self.programs.blank(), trainer_params=self.policy.trainer(self.state.params), reference=self.reference,
+            put=lambda tree: jax.tree.map(lambda x: self.batched(x.shape, x.dtype), tree),
+            critic_params=None if self.critic_state is None else self.critic_state.params,
+            teacher_params=None if self.teacher is None else self.teacher.params)
 
     def _prepare_words(self) -> str:
         cfg, passes = self.cfg, []
@@ -336,19 +322,13 @@ class World:
 
     def _continuous_jobs(self, sampler, sampler_resident, key, prefill) -> list[Job]:
         cfg, cont = self.cfg, self.programs.continuous
-        k, g = cont.refill, cont.g
-        slots = self.lay_out(jax.eval_shape(cont._empty, sampler))
-        rows = jax.ShapeDtypeStruct((k * g,), jnp.int32, sharding=NamedSharding(self.mesh, PartitionSpec()))
-        ids = jax.ShapeDtypeStruct((k, cont.width), jnp.int32, sharding=NamedSharding(self.mesh, PartitionSpec()))
-        serials = jax.ShapeDtypeStruct((k,), jnp.int32, sharding=NamedSharding(self.mesh, PartitionSpec()))
-        want = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(self.mesh, PartitionSpec()))
-        words = f"{cfg.rollout.gen_batch} x {g} row slots, S {cont.width}, T {cfg.rollout.max_new_tokens}"
-        return [
-            Job("rollout: admit", "rollout", cont._admit, (sampler, slots, rows, ids, ids, key, serials),
-                resident=sampler_resident, attention=prefill, shape=f"{k} prompts into {words}"),
-            Job("rollout: decode", "rollout", cont._decode, (sampler, slots, want), resident=sampler_resident,
-                attention=prefill, shape=f"continuous decode of {words}"),
-        ]
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        words = f"{cfg.rollout.gen_batch} x {cont.g} row slots, S {cont.width}, T {cfg.rollout.max_new_tokens}"
+        shapes = {"admit": f"{cont.refill} prompts into {words}", "decode": f"continuous decode of {words}"}
+        return [Job(f"rollout: {name}", "rollout", fn, args, resident=sampler_resident, attention=prefill,
+                    shape=shapes[name])
+                for name, fn, args in cont.programs(sampler, key, lay_out=self.lay_out, host=lambda shape, dtype:
+                                                     jax.ShapeDtypeStruct(shape, dtype, sharding=replicated))]
 
 
 def _with_layout(acc, params, mesh):

@@ -20,7 +20,7 @@ import dataclasses
 import jax
 
 from dapo_jax.parallel.mesh import make_mesh
-from dapo_jax.training.config.run import ConfigError, RunConfig, config_from_dict
+from dapo_jax.training.config.run import ConfigError, RunConfig, config_from_dict, resolve
 from dapo_jax.training.plan.compile import GiB
 from dapo_jax.training.plan.memory import Plan, make_plan
 from dapo_jax.training.plan.model_config import plan_model_config
@@ -89,6 +89,7 @@ def resident_bytes(cfg: RunConfig, model_cfg) -> int:
 
 def search(cfg: RunConfig, family: str, *, meshes_per_size: int = 2, log=None, model_config=None, **plan_options) -> SearchResult:
     """The smallest slice of `family` (e.g. "v5p") that fits, and the next size up (module docstring)."""
+    cfg = resolve(cfg)  # the run's fast paths, as `train` resolves them
     log = log or (lambda *_: None)
     chip = parse_family(family.split("-")[0])
     if chip is None:

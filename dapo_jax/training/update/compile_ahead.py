@@ -2,7 +2,7 @@
 samples.
 
     ahead = CompileAhead([("rollout", lambda: actor.precompile(params)),
-                          ("update", lambda: learner.precompile(state, Groups.blank(...)))])
+                          ("update", lambda: learner.precompile(state))])   # on programs.blank()
     ...                      # eval@0 and step 1's rollout run meanwhile
     ahead.wait()             # at the end of step 1: nothing compiles after it
 

@@ -4,13 +4,20 @@
     programs = build_programs(cfg, policy=policy, model_cfg=model.config, mesh=mesh, tx=tx, schedule=schedule,
                               scfg=scfg, eval_scfg=eval_scfg, critic=critic, prompt_width=S)
     out = programs.generate(policy.sampler(params), ids, mask, key)          # a rollout round
-    batch, cbatch = programs.prepare(policy.trainer(params), ref, ...)        # log π_old / π_ref, advantages
+    args, kw = programs.prepare_inputs(groups, trainer_params=policy.trainer(params), reference=ref, put=put)
+    batch, cbatch = programs.prepare(*args, **kw)                              # log π_old / π_ref, advantages
     state, m = programs.train_step(state, batch, **policy.step_kwargs)       # the update (packed or not)
 
 `training/loop.py` drives these programs; `training/plan/memory.py` lowers the same objects on abstract
 inputs for a target mesh, so the plan budgets for exactly what a run executes: the packed update's
 chunk programs when `optim.packing` is on (with the chunk shapes the run uses), LoRA's frozen base and
-merged sampler weights, the critic, the reference policy, the sampler's compute dtype.
+merged sampler weights, the critic, the reference policy, the sampler's compute dtype. `prepare`'s inputs
+are written once, by `RunPrograms.prepare_inputs`, from a batch of groups: the run's (laid out over the
+mesh), or `RunPrograms.blank()` for the run's compile-ahead (training/update/compile_ahead.py) and the plan
+(its arrays as abstract, laid-out shapes); the update's inputs are what `prepare` returns. `make_update`
+builds the update the way a run does (the benchmarks call it too).
+
+`cfg` must be resolved (`training/config/run.py`'s `resolve`): the fast paths it left unset are chosen there.
 
 The cache-free attention (update, log-probs, critic, the sampler's prefill) is chosen for the mesh's
 platform and each program's sequence length by `models.attention.resolve` (`model.attention`, "auto" =
@@ -32,11 +39,13 @@ from dapo_jax.models.attention import AttentionUnavailable, describe, resolve, s
 from dapo_jax.models.decoder import Decoder
 from dapo_jax.objectives.distill import distill_advantages
 from dapo_jax.objectives.loss import compute_advantages, token_kl
+from dapo_jax.objectives.process import StepRewards
 from dapo_jax.parallel.host import to_global
 from dapo_jax.parallel.mesh import batch_divisor, batch_sharding
 from dapo_jax.sampling.continuous import ContinuousSampler, default_refill
-from dapo_jax.sampling.sampler import make_generate
-from dapo_jax.training.config.run import ConfigError, RunConfig
+from dapo_jax.sampling.sampler import make_generate, shard_batch
+from dapo_jax.training.config.run import ConfigError, RunConfig, is_resolved
+from dapo_jax.training.rollout import Groups
 from dapo_jax.training.update.packed_step import make_packed_train_step
 from dapo_jax.training.update.train_step import (Batch, make_logprob_fn, make_optimizer, make_train_step,
                                                  map_prompt_chunks)
@@ -62,11 +71,29 @@ def attention_report(cfg: RunConfig, mesh) -> str:
         raise ConfigError(str(e)) from None
 
 
-def update_shares_prompts(cfg: RunConfig, mesh) -> bool:
-    """Whether the packed update's attention can share a group's prompt (branch ids): splash and gpu_flash
-    cannot, and the update then packs each response with its own copy of the prompt (same result)."""
-    impl = resolve_attention(cfg.model.attention, platform=mesh_platform(mesh), seq_len=attention_lengths(cfg)["update"])
-    return supports_branches(impl)
+def shares_prompts(attention: str, mesh, seq_len: int) -> bool:
+    """Whether the packed update's attention (`model.attention=attention` on `mesh`'s platform, rows of `seq_len`
+    tokens) can share a group's prompt (branch ids): splash and gpu_flash cannot, and the update then packs
+    each response with its own copy of the prompt (same result)."""
+    return supports_branches(resolve_attention(attention, platform=mesh_platform(mesh), seq_len=seq_len))
+
+
+def make_update(graphdef, tx, schedule, *, objective, optim, temperature: float, mesh, attention: str, seq_len: int,
+                use_ref: bool = False) -> tuple[Callable, bool]:
+    """`(train_step, share_prompts)`: the update as a run builds it from its `optim` section: with
+    `optim.packing` the padding-free one (training/update/packed_step.py; a group's prompt shared when
+    `optim.packing_share_prompts` and the attention allow it, `shares_prompts`), else training/update/train_step.py's.
+    `train_step(state, batch, frozen=None) -> (state, metrics)`; seq_len: the update's rows' tokens (S + T)."""
+    if optim.packing is None:
+        raise ValueError("optim.packing is unset: resolve the config first (training/config/run.py's resolve)")
+    share = bool(optim.packing) and optim.packing_share_prompts and shares_prompts(attention, mesh, seq_len)
+    packed = {} if not optim.packing else {
+        "chunk_rows": optim.packing_rows, "tail_rows": optim.packing_tail_rows, "share_prompts": share,
+        "row_multiple": batch_divisor(mesh), "put": lambda x: to_global(x, batch_sharding(mesh))}
+    train_step = (make_packed_train_step if optim.packing else make_train_step)(
+        graphdef, tx, schedule, objective=objective, num_minibatches=optim.num_minibatches,
+        micro_batches=optim.micro_batches, temperature=temperature, use_ref=use_ref, **packed)
+    return train_step, share
 
 
 def mesh_platform(mesh) -> str:
@@ -101,8 +128,42 @@ class RunPrograms:
     packed: bool
     share_prompts: bool  # packed: a group's responses share one copy of its prompt
     attention: dict[str, str]  # program -> the attention implementation it runs
+    batch_shape: tuple[int, int, int, int]  # (P, S, G, T) of the update's batch: train_batch prompts, G responses
+    num_rewards: int  # K, the reward functions
+    reward_parts: bool  # prepare takes each function's reward, [P, G, K] (multi_reward normalize_then_sum)
+    step_rewards: bool  # prepare takes process supervision's step rewards, [P, G, T]
+    distills: bool  # prepare takes the teacher's params (on-policy distillation)
+    steps: int  # the step rewards' slots: T, an agent run's max_turns (its steps are its turns), 0 without
+    episodes: bool  # an agent run: prepare takes the episodes' context mask (tool ids: context, no loss)
     engine: Any = None  # agents.engine.TurnEngine: an agent run's prefill / decode / append programs, or None
     engine_eval: Any = None  # the same at the evaluation's sampling settings (train.eval_*), or None
+
+    def blank(self) -> Groups:
+        """The all-zero batch of the update's shape and dtypes: what the run compiles `prepare` and the update
+        for before its first rollout (training/update/compile_ahead.py), and what the plan lowers them on."""
+        p, s, g, t = self.batch_shape
+        return Groups.blank(p, s, g, t, steps=self.steps, parts=self.num_rewards, context=self.episodes)
+
+    def prepare_inputs(self, groups: Groups, *, trainer_params, reference, put: Callable, critic_params=None,
+                       teacher_params=None) -> tuple[tuple, dict]:
+        """`prepare`'s `(args, kwargs)` for `groups`: its arrays through `put` (the run: `to_global` over the
+        mesh's rows; the plan: their abstract, laid-out shapes), the weights as given (trainer_params: the
+        trainer's view of the params, `policy.trainer(params)`; reference: π_ref's, or None). GFPO's dropped
+        responses (`groups.selected`) leave the loss, its denominator and the advantages' statistics; padding
+        groups (valid=False) carry none."""
+        sel = groups.selected
+        host = (groups.prompt_ids, groups.prompt_mask, groups.response_ids, groups.response_mask * sel[..., None],
+                groups.old_logp, groups.reward_parts if self.reward_parts else groups.rewards,
+                groups.valid[:, None] & sel)
+        steps = StepRewards(groups.step_rewards, groups.step_ends, groups.step_mask) if self.step_rewards else None
+        kwargs = {"steps": put(steps)}
+        if self.critic is not None:
+            kwargs.update(critic_params=critic_params, correct=put(groups.correct))
+        if self.distills:
+            kwargs["teacher_params"] = teacher_params
+        if self.episodes:  # tool ids are context without loss (training/episode_source.py)
+            kwargs["context_mask"] = put(groups.context_mask)
+        return (trainer_params, reference, *put(host)), kwargs
 
 
 def build_programs(cfg: RunConfig, *, policy, model_cfg, mesh, tx, schedule, scfg, eval_scfg, critic=None,
@@ -116,13 +177,14 @@ def build_programs(cfg: RunConfig, *, policy, model_cfg, mesh, tx, schedule, scf
     (the rewards then come per function, [P, G, K], and are normalised in their group on the device);
     teacher: on-policy distillation's `training.update.distill.Teacher` (its graphdef), or None; stop_sequences:
     an agent run's turn-ending id sequences besides the EOS (the tool-call end marker: episode_source.py)."""
+    if not is_resolved(cfg):
+        raise ValueError("the programs are built from a resolved config: pass training.config.run.resolve(cfg)")
     objective, r, o = cfg.objective_config, cfg.rollout, cfg.optim
     lengths = attention_lengths(cfg)
     attention = {name: resolve_attention(cfg.model.attention, platform=mesh_platform(mesh), seq_len=lengths[key])
                  for name, key in (("rollout prefill", "prefill"), ("logprob", "log-probs"), ("update", "update"))}
     if critic is not None:
         attention["critic"] = attention["logprob"]
-    share = o.packing_share_prompts and update_shares_prompts(cfg, mesh)
     graphdef = policy.graphdef
     sampler = sampler_graphdef(cfg, policy.sampler_graphdef, model_cfg)
     generate = make_generate(sampler, scfg, r.G)
@@ -131,15 +193,11 @@ def build_programs(cfg: RunConfig, *, policy, model_cfg, mesh, tx, schedule, scf
         refill=r.continuous_refill or default_refill(r.gen_batch), prompt_width=prompt_width or cfg.data.max_prompt_length)
     generate_eval = make_generate(policy.sampler_graphdef, eval_scfg, cfg.train.eval_k)
     logprob = make_logprob_fn(graphdef, temperature=scfg.logprob_temperature)
-    packed = {} if not o.packing else {  # the padding-free update (training/update/packed_step.py)
-        "chunk_rows": o.packing_rows, "tail_rows": o.packing_tail_rows, "share_prompts": share,
-        "row_multiple": batch_divisor(mesh), "put": lambda x: to_global(x, batch_sharding(mesh))}
-    train_step = (make_packed_train_step if o.packing else make_train_step)(
-        graphdef, tx, schedule, objective=objective, num_minibatches=o.num_minibatches,
-        micro_batches=o.micro_batches, temperature=scfg.logprob_temperature,
-        use_ref=objective.needs_reference and objective.kl_in == "loss", **packed,
-    )
-    adv_objective = objective if reward_weights is None or objective.multi_reward != "normalize_then_sum" else \
+    train_step, share = make_update(graphdef, tx, schedule, objective=objective, optim=o,
+                                    temperature=scfg.logprob_temperature, mesh=mesh, attention=cfg.model.attention,
+                                    seq_len=lengths["update"],
+                                    use_ref=objective.needs_reference and objective.kl_in == "loss")
+    adv_objective = objective if reward_weights is None or not objective.sums_normalised_rewards else \
         objective.model_copy(update={"reward_weights": tuple(float(w) for w in reward_weights)})
     # the log-prob passes run the update's micro-batches of prompts one at a time: the same rows (and the
     # same sharding) as a micro-batch of the update, so a batch whose update fits fits here too
@@ -154,8 +212,12 @@ def build_programs(cfg: RunConfig, *, policy, model_cfg, mesh, tx, schedule, scf
 
         engine = turn_engine(cfg, sampler, scfg, stop_sequences)
         engine_eval = turn_engine(cfg, policy.sampler_graphdef, eval_scfg, stop_sequences)
-    return RunPrograms(generate, generate_eval, continuous, logprob, prepare, train_step, critic, o.packing,
-                       share if o.packing else False, attention, engine, engine_eval)
+    g = 1 if objective.supervised else r.G  # SFT: each example is a group of one response
+    steps = (r.max_new_tokens if cfg.agent is None else cfg.agent.max_turns) if objective.needs_step_rewards else 0
+    return RunPrograms(generate, generate_eval, continuous, logprob, prepare, train_step, critic, o.packing, share,
+                       attention, (r.train_batch, cfg.data.max_prompt_length, g, cfg.response_tokens),
+                       len(cfg.reward.functions), objective.sums_normalised_rewards, objective.needs_step_rewards,
+                       teacher is not None, steps, cfg.agent is not None, engine, engine_eval)
 
 
 def make_prepare(objective, logprob_fn, critic=None, *, recompute_old_logp: bool, chunks: int = 1,
@@ -175,7 +237,13 @@ def make_prepare(objective, logprob_fn, critic=None, *, recompute_old_logp: bool
         return logp if trained is None else jnp.where(trained > 0, logp, 0.0)  # context ids: no log-prob
 
     @jax.jit
-    def prepare(params, ref_params, prompt_ids, prompt_mask, response_ids, response_mask, old_logp,
+    def prepare(*args, **kwargs):
+        """Every array of its batches laid out with their rows over the mesh's ("data", "fsdp"), where they
+        divide (`shard_batch`): the update's inputs as the plan lays them out, whatever XLA would choose for
+        an output (a constant π_ref of zeros came out replicated)."""
+        return jax.tree.map(shard_batch, batches(*args, **kwargs))
+
+    def batches(params, ref_params, prompt_ids, prompt_mask, response_ids, response_mask, old_logp,
                 rewards, valid, steps=None, critic_params=None, correct=None, teacher_params=None, context_mask=None):
         """Reference / recomputed old log-probs and the advantages: [P, G, T] device tensors (from
         the step rewards `steps` instead of `rewards` when given: process supervision), and the
@@ -208,5 +276,5 @@ def make_prepare(objective, logprob_fn, critic=None, *, recompute_old_logp: bool
     return prepare
 
 
-__all__ = ["RunPrograms", "attention_lengths", "attention_report", "build_programs", "make_prepare", "mesh_platform",
-           "resolve_attention", "run_optimizer", "sampler_graphdef", "update_shares_prompts"]
+__all__ = ["RunPrograms", "attention_lengths", "attention_report", "build_programs", "make_prepare", "make_update",
+           "mesh_platform", "resolve_attention", "run_optimizer", "sampler_graphdef", "shares_prompts"]

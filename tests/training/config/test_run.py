@@ -7,8 +7,8 @@ import pytest
 import yaml
 
 from dapo_jax.training.config.run import (
-    CONFIG_DIR, DEFAULT_CONFIG, PACKAGE_DIR, ConfigError, RunConfig, config_from_dict, find_config, load_config,
-    parse_overrides, save_config,
+    CONFIG_DIR, DEFAULT_CONFIG, PACKAGE_DIR, ConfigError, RunConfig, config_from_dict, find_config, is_resolved,
+    load_config, parse_overrides, resolve, resolved_keys, save_config,
 )
 
 SHIPPED = sorted(CONFIG_DIR.glob("*.yaml"))
@@ -229,7 +229,7 @@ def test_every_recipe_resolves_to_the_fast_exact_paths(path):
     rollout as the plain paths); what a recipe names is kept. An agent recipe's episodes carry a context mask
     the packed update does not take yet: it runs unpacked."""
     raw = yaml.safe_load(path.read_text())
-    cfg = load_config(path)
+    cfg = resolve(load_config(path))
     named_packing = (raw.get("optim") or {}).get("packing")
     named_compaction = (raw.get("rollout") or {}).get("compaction")
     assert cfg.optim.packing is ((True if named_packing is None else named_packing) and "agent" not in raw)
@@ -246,10 +246,21 @@ def test_every_recipe_resolves_to_the_fast_exact_paths(path):
     (["rollout.G=4", "rollout.compaction_min_rows=10000"], True, False),  # too few rows to halve
 ])
 def test_unset_fast_paths_resolve_where_they_apply(overrides, packing, compaction):
-    cfg = load_config("tiny_dapo", ["optim.packing=null", "rollout.compaction=null", *overrides])
-    assert (cfg.optim.packing, cfg.rollout.compaction) == (packing, compaction)
+    """Validation leaves what a config does not name unset; `resolve`, the one step after it, chooses, says
+    what it chose, and a resolved config (saved and reloaded) resolves to itself."""
+    loaded = load_config("tiny_dapo", ["optim.packing=null", "rollout.compaction=null", *overrides])
+    named = {key: value for key, value in (o.split("=") for o in overrides)}
+    unset = {key: value for key, value in (("optim.packing", packing), ("rollout.compaction", compaction))
+             if key not in named}  # what the config leaves to `resolve`
+    assert {k for k in unset if getattr(getattr(loaded, k.split(".")[0]), k.split(".")[1]) is None} == set(unset)
+    assert is_resolved(loaded) == (not unset)
+    cfg = resolve(loaded)
+    assert (cfg.optim.packing, cfg.rollout.compaction) == (packing, compaction) and is_resolved(cfg)
+    assert resolved_keys(loaded, cfg) == unset
+    assert f"packing: {str(packing).lower()}" in cfg.to_yaml()  # RUN_DIR/config.yaml shows the choice
     again = config_from_dict(cfg.model_dump())  # the saved, resolved config reloads to the same paths
     assert (again.optim.packing, again.rollout.compaction) == (packing, compaction)
+    assert resolve(again) == again and resolved_keys(again, resolve(again)) == {}
 
 
 def test_stop_at_accuracy_needs_evaluations():

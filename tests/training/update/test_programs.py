@@ -187,3 +187,166 @@ def test_chunked_prepare_needs_a_fraction_of_the_memory():
         prepare = make_prepare(ObjectiveConfig(), logprob, recompute_old_logp=True, chunks=n)
         temps[n] = prepare.lower(params, None, *args).compile().memory_analysis().temp_size_in_bytes
     assert temps[4] < 0.4 * temps[1], temps
+
+
+# --------------------------------------------------------------------------- one declaration, two paths
+def _run_and_plan(config, extra):
+    """The run's objects as `train` builds them (the model loaded, its weights on the mesh) and the plan's
+    abstract world, for one resolved config; both take `prepare`'s inputs from `RunPrograms.prepare_inputs`
+    on `RunPrograms.blank()`."""
+    import jax
+
+    from dapo_jax.parallel.mesh import batch_sharding, committed
+    from dapo_jax.training.build import build_mesh, load_model, load_tokenizer, sampling_config
+    from dapo_jax.training.config.run import resolve
+    from dapo_jax.training.update.critic import Critic
+    from dapo_jax.training.update.lora import PolicyWeights
+    from dapo_jax.training.plan.programs import build_world
+    from dapo_jax.training.update.programs import build_programs, run_optimizer
+    from dapo_jax.training.step import Learner
+    from dapo_jax.training.update.train_step import init_train_state
+
+    cfg = resolve(load_config(config, ["data.eval=null", "mesh.fsdp=2", *extra]))  # rows over 2 devices
+    objective = cfg.objective_config
+    mesh = build_mesh(cfg)
+    with jax.set_mesh(mesh):
+        tokenizer = load_tokenizer(cfg)
+        model = load_model(cfg, mesh, tokenizer)
+        policy, params = PolicyWeights.build(model, cfg.lora, seed=cfg.train.seed, mesh=mesh)
+        tx, schedule = run_optimizer(cfg)
+        state = committed(init_train_state(params, tx))  # laid out as the update hands it back (parallel/mesh.py)
+        critic = Critic.build(cfg, mesh) if objective.uses_critic else None
+        programs = build_programs(cfg, policy=policy, model_cfg=model.config, mesh=mesh, tx=tx, schedule=schedule,
+                                  scfg=sampling_config(cfg, tokenizer, model.config),
+                                  eval_scfg=sampling_config(cfg, tokenizer, model.config, eval_mode=True),
+                                  critic=critic, reward_weights=tuple(float(f.weight) for f in cfg.reward.functions))
+        learner = Learner(programs, policy, policy.reference(params) if objective.needs_reference else None,
+                          batch_sharding(mesh))
+        world = build_world(cfg, model.config, mesh)
+    return cfg, mesh, learner, state, None if critic is None else committed(critic.init_state), world
+
+
+def _specs(tree):
+    """(path, shape, dtype, sharding) of every array of `tree` (arrays or ShapeDtypeStructs)."""
+    import jax
+
+    out = []
+    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if hasattr(x, "shape"):
+            out.append((jax.tree_util.keystr(path), tuple(x.shape), str(x.dtype), getattr(x, "sharding", None)))
+    return out
+
+
+def _program(lowered) -> str:
+    """A lowered program's text without its arguments' sharding annotations (compared on their own)."""
+    import re
+
+    return re.sub(r"sdy\.sharding = #sdy\.sharding<[^>]*>", "", lowered.as_text())
+
+
+def _assert_same_inputs(run, plan, what):
+    a, b = _specs(run), _specs(plan)
+    assert [x[:3] for x in a] == [x[:3] for x in b], what
+    for (path, shape, _, s1), (_, _, _, s2) in zip(a, b):
+        assert s1 is not None and s2 is not None and s1.is_equivalent_to(s2, len(shape)), (what, path, s1, s2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config, extra", [
+    ("tiny_dapo", ["optim.packing=false"]),
+    ("tiny_dapo", ["optim.packing=true"]),
+    ("tiny_ppo", ["optim.packing=false"]),  # the critic: its params and `correct` into prepare, its update
+    ("tiny_grpo", ["objective.multi_reward=normalize_then_sum", "optim.packing=false",
+                   "reward.functions=[{name: synthetic}, {name: synthetic, weight: 0.5}]"]),
+    ("tiny_dapo_lora", ["optim.packing=false", "rollout.recompute_old_logp=true"]),  # the frozen base, pi_old
+], ids=["unpacked", "packed", "critic", "normalize_then_sum", "lora"])
+def test_the_run_and_the_plan_lower_the_same_prepare_and_update(config, extra):
+    """`prepare` and the update (and the critic's update) on the inputs the run gives them (its weights, its
+    batch laid out over the mesh, the update's batch as `prepare` hands it back) and on the plan's abstract
+    ones: the same shapes, dtypes and shardings, and the same lowered program."""
+    import jax
+
+    from dapo_jax.training.update.compile_ahead import abstract, compiled_outputs
+
+    cfg, mesh, learner, state, critic_state, world = _run_and_plan(config, extra)
+    jobs = {job.name: job for job in world.jobs()}
+    with jax.set_mesh(mesh):
+        args, kwargs = learner._prepare_inputs(state.params, learner.programs.blank(), critic_state)
+        plan = jobs["prepare"]
+        _assert_same_inputs(abstract((args, kwargs)), (plan.args, plan.kwargs), "prepare")
+        if cfg.objective_config.sums_normalised_rewards:  # each function's reward: [P, G, K]
+            assert args[7].shape == (cfg.rollout.train_batch, cfg.rollout.G, 2)
+        assert _program(learner.programs.prepare.lower(*args, **kwargs)) == _program(plan.lower())
+        batch, critic_batch = compiled_outputs(learner.programs.prepare, *args, **kwargs)
+        if cfg.optim.packing:  # its stages: the plan's first chunk takes the batch's rows and chunk layout
+            stages = [name for name in jobs if name.startswith("update: chunk")]
+            assert stages and "update" not in jobs
+            _assert_same_inputs(batch, jobs["update: select"].args[0], "update: select")
+        else:
+            kw = learner.policy.step_kwargs
+            plan = jobs["update"]
+            _assert_same_inputs(abstract(((state, batch), kw)), (plan.args, plan.kwargs), "update")
+            assert _program(learner.programs.train_step.lower(state, batch, **kw)) == _program(plan.lower())
+        if critic_state is not None:
+            plan = jobs["critic update"]
+            _assert_same_inputs((abstract(critic_state), critic_batch), plan.args, "critic update")
+            assert _program(learner.programs.critic.update.lower(critic_state, critic_batch)) == _program(plan.lower())
+
+
+@pytest.mark.parametrize("attention, share_prompts, packing, shared", [
+    ("reference", True, True, True),  # the CPU's attentions take a group's shared prompt (branch ids); splash and
+    ("blockwise", True, True, True),  # gpu_flash cannot (an accelerator's: not resolvable on a CPU mesh)
+    ("reference", False, True, False),  # optim.packing_share_prompts=false
+    ("reference", True, False, False),  # unpacked: nothing to share
+])
+def test_make_update_shares_prompts_only_where_the_attention_branches(attention, share_prompts, packing, shared):
+    """The update the run and the benchmarks build (`make_update`): packed or not by `optim.packing`, a group's
+    prompt shared only when the attention can branch (models/attention.py's `supports_branches`)."""
+    import jax
+    from flax import nnx
+
+    from dapo_jax.models.attention import resolve, supports_branches
+    from dapo_jax.objectives.config import ObjectiveConfig
+    from dapo_jax.parallel.mesh import make_mesh
+    from dapo_jax.training.config.run import OptimSection
+    from dapo_jax.training.update.programs import make_update
+    from dapo_jax.training.update.train_step import make_optimizer
+
+    assert supports_branches(resolve(attention, platform="cpu", seq_len=12))
+    assert not supports_branches("splash") and not supports_branches("gpu_flash")
+    optim = OptimSection(packing=packing, packing_share_prompts=share_prompts)
+    tx, schedule = make_optimizer(optim)
+    mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    step, share = make_update(nnx.split(_tiny(0))[0], tx, schedule, objective=ObjectiveConfig(), optim=optim,
+                              temperature=1.0, mesh=mesh, attention=attention, seq_len=12)
+    assert share is shared
+    assert hasattr(step, "packing_stats") is packing  # the packed step's own counters
+    with pytest.raises(ValueError, match="resolve"):
+        make_update(None, tx, schedule, objective=ObjectiveConfig(), optim=OptimSection(), temperature=1.0, mesh=mesh,
+                    attention=attention, seq_len=12)
+
+
+def test_the_plan_lowers_continuous_batchings_programs_with_the_streams_inputs():
+    """With `rollout.continuous` the plan lowers the sampler's admit and decode programs on the inputs
+    `ContinuousSampler.programs` declares: `refill` prompts of the stream's prompt width into the row slots."""
+    import jax
+
+    from dapo_jax.models.config import ModelConfig
+    from dapo_jax.parallel.mesh import make_mesh
+    from dapo_jax.training.config.run import resolve
+    from dapo_jax.training.plan.programs import build_world
+
+    cfg = resolve(load_config("tiny_dapo", ["rollout.continuous=true", "data.eval=null"]))
+    model_cfg = ModelConfig(model_type="qwen2", vocab_size=V, hidden_size=16, intermediate_size=32,
+                            num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, head_dim=8)
+    world = build_world(cfg, model_cfg, make_mesh(1, 1, 1, devices=jax.devices()[:1]))
+    jobs = {job.name: job for job in world.jobs()}
+    assert "rollout" not in jobs
+    cont = world.programs.continuous
+    admit, decode = jobs["rollout: admit"], jobs["rollout: decode"]
+    ids = admit.args[3]
+    assert ids.shape == (cont.refill, cfg.data.max_prompt_length) and admit.args[2].shape == (cont.refill * cfg.rollout.G,)
+    slots = jax.tree.leaves(admit.args[1])
+    assert slots and all(x.shape[0] == cfg.rollout.gen_batch * cfg.rollout.G for x in slots if x.ndim)
+    for job in (admit, decode):
+        assert "stablehlo" in job.lower().as_text()
