@@ -247,7 +247,9 @@ class ObjectiveConfig(BaseModel):
 
     def _check_adaptive_entropy(self) -> None:
         if self.entropy_target is None:
-            stray = sorted({"entropy_coef_delta", "entropy_coef_max", "entropy_coef_init"} & self.model_fields_set)
+            # a value other than the default (not merely present: a saved, dumped config names every key)
+            stray = sorted(k for k in ("entropy_coef_delta", "entropy_coef_max", "entropy_coef_init")
+                           if getattr(self, k) != type(self).model_fields[k].default)
             if stray:
                 raise ValueError(f"{', '.join(stray)} set without entropy_target: the adaptive entropy coefficient "
                                  f"is on only with an entropy_target (e.g. 0.2)")
