@@ -8,7 +8,7 @@
 The model is Qwen2.5-0.5B's config.json (`step_memory.QWEN25_05B`; `--model 1.5b`: Qwen2.5-1.5B's) with random weights: bf16
 compute, float32 master weights, `remat: dots_saveable`, as the recipe `qwen2.5-0.5b-gsm8k-dapo`.
 Each phase runs in a process of its own, so its peak memory is its own:
-- `train`: one DAPO update (`make_packed_train_step`, as the loop builds it, in `--micro-batches` micro-batches
+- `train`: one DAPO update (`PackedUpdate`, as the loop builds it, in `--micro-batches` micro-batches
   as the recipe's 4) on `--prompts` prompts of `--prompt-len` tokens x G = `--group` responses of ragged
   lengths (uniform in 1..`--train-new-tokens`),
   the median of `--steps` timed steps after one untimed. MFU = model FLOPs / step time / the device's
@@ -155,7 +155,7 @@ def phase_train(args, cfg, mesh) -> dict:
     from dapo_jax.parallel.host import to_global
     from dapo_jax.parallel.mesh import batch_sharding
     from dapo_jax.training.config import OptimSection
-    from dapo_jax.training.packed_step import make_packed_train_step
+    from dapo_jax.training.packed_step import PackedUpdate
     from dapo_jax.training.train_step import Batch, init_train_state, make_logprob_fn, make_optimizer
 
     graphdef, params, n_params = build(cfg, mesh)
@@ -178,8 +178,8 @@ def phase_train(args, cfg, mesh) -> dict:
         pids_j, pmask_j, rids_j, rmask_j, adv_j = put((pids, pmask, rids, rmask, adv))
         old_logp, _ = make_logprob_fn(graphdef, temperature=1.0)(params, pids_j, pmask_j, rids_j, rmask_j)
         batch = Batch(pids_j, pmask_j, rids_j, rmask_j.astype(jnp.float32), old_logp, adv_j, jnp.zeros_like(old_logp))
-        step = make_packed_train_step(graphdef, tx, schedule, objective=objective, put=put,
-                                      micro_batches=args.micro_batches, share_prompts=share)
+        step = PackedUpdate(graphdef, tx, schedule, objective=objective, put=put,
+                            micro_batches=args.micro_batches, share_prompts=share)
         times = []
         for i in range(args.steps + 1):
             t0 = time.perf_counter()

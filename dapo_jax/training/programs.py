@@ -116,7 +116,7 @@ def build_programs(cfg: RunConfig, *, policy, model_cfg, mesh, tx, schedule, scf
     from dapo_jax.parallel.mesh import batch_divisor, batch_sharding
     from dapo_jax.sampling.continuous import ContinuousSampler, default_refill
     from dapo_jax.sampling.sampler import make_generate
-    from dapo_jax.training.packed_step import make_packed_train_step
+    from dapo_jax.training.packed_step import PackedUpdate
     from dapo_jax.training.train_step import make_logprob_fn, make_train_step
 
     objective, r, o = cfg.objective_config, cfg.rollout, cfg.optim
@@ -137,7 +137,7 @@ def build_programs(cfg: RunConfig, *, policy, model_cfg, mesh, tx, schedule, scf
     packed = {} if not o.packing else {  # the padding-free update (training/packed_step.py)
         "chunk_rows": o.packing_rows, "tail_rows": o.packing_tail_rows, "share_prompts": share,
         "row_multiple": batch_divisor(mesh), "put": lambda x: to_global(x, batch_sharding(mesh))}
-    train_step = (make_packed_train_step if o.packing else make_train_step)(
+    train_step = (PackedUpdate if o.packing else make_train_step)(
         graphdef, tx, schedule, objective=objective, num_minibatches=o.num_minibatches,
         micro_batches=o.micro_batches, temperature=scfg.logprob_temperature,
         use_ref=objective.needs_reference and objective.kl_in == "loss", **packed,
