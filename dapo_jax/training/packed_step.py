@@ -187,20 +187,23 @@ class PackedUpdate:
         carry, outs = (state.params, state.opt_state, state.step, state.skipped), []
         for idx in minibatch_prompts(host[2].shape[0], self.num_minibatches, self.micro_batches):
             mini = self.select(batch, self.put(idx.astype(np.int32)))
-            chunks = [tuple(self.put(x) for x in c) for c in pack_with_tail(
-                *(x[idx] for x in host), rows=rows, tail_rows=tail, length=length, share_prompts=self.share_prompts)]
+            chunks = pack_with_tail(*(x[idx] for x in host), rows=rows, tail_rows=tail, length=length,
+                                    share_prompts=self.share_prompts)  # on the host: one at a time on the device
             stats = self.start(carry[0], mini, frozen, carry[2])
             if not self._all_heights_run:
                 # every chunk height compiles at the first step, used or not, with each mini-batch's parameter
                 # layout (the first mini-batch's come from the caller, the next from `apply`)
-                for r in {rows, *tail_heights(rows, tail)} - {c[0].shape[0] for c in chunks}:
+                for r in {rows, *tail_heights(rows, tail)} - {c.tokens.shape[0] for c in chunks}:
                     empty = self._empty(r, length, idx.size, host[2].shape)
                     self.accumulate(self.zero_acc(carry[0], mini, empty, stats, frozen), carry[0], mini, empty,
                                     stats, frozen)
-            acc = self.zero_acc(carry[0], mini, chunks[0] if chunks else self._empty(rows, length, idx.size,
-                                                                                     host[2].shape), stats, frozen)
-            for chunk in chunks:  # none: nothing to train on in this mini-batch, no update (as unpacked)
+            acc = None
+            for chunk in chunks:
+                chunk = tuple(self.put(x) for x in chunk)
+                acc = acc if acc is not None else self.zero_acc(carry[0], mini, chunk, stats, frozen)
                 acc, _ = self.accumulate(acc, carry[0], mini, chunk, stats, frozen)
+            if acc is None:  # nothing to train on in this mini-batch: no update, as unpacked
+                acc = self.zero_acc(carry[0], mini, self._empty(rows, length, idx.size, host[2].shape), stats, frozen)
             carry, out = self.apply(carry, acc)
             outs.append(out)
         self._all_heights_run = True
