@@ -32,6 +32,7 @@ log-probs, entropies and token counts of context-only tokens are 0, as `train_st
 
 from __future__ import annotations
 
+import threading
 from typing import Callable
 
 import jax
@@ -102,6 +103,7 @@ class PackedUpdate:
         self._eda = bool(getattr(objective, "entropy_driven_advantage", False))
         self._stats_fn, self._policy_pass = batch_statistics_of(objective, loss_terms)
         self._zero = None  # zero_acc's program: built at its first call, from a chunk's metric names
+        self._zero_lock = threading.Lock()  # one program, also when `precompile` runs on another thread
         self._all_heights_run = False  # the first step runs every chunk height, used or not
 
         self.select = jax.jit(lambda batch, idx: jax.tree.map(lambda x: jnp.take(x, idx, axis=0), batch))
@@ -166,13 +168,14 @@ class PackedUpdate:
         """A zero accumulator (`zero_sums` and the metrics' neutral pairs): the gradient sum laid out as the
         parameters, the sums and metrics replicated on their mesh (one jitted program, compiled once).
         Abstract `params` (`jax.ShapeDtypeStruct`s, `dapo-jax plan`): its shapes and layouts."""
-        if self._zero is None:  # the metrics' names, from a trace (nothing compiles)
-            names = jax.eval_shape(lambda *a: self._chunk_loss(*a)[1][1], params, mini, chunk, stats, frozen)
-            first = jax.tree.leaves(params)[0].sharding
-            rep = (NamedSharding(first.mesh, PartitionSpec()) if isinstance(first, NamedSharding) else first)
-            layout = (jax.tree.map(lambda x: x.sharding, params), rep, rep, rep, rep)
-            self._zero = jax.jit(lambda params: (*zero_sums(params), {k: _identity(k) for k in names}),
-                                 out_shardings=layout)
+        with self._zero_lock:
+            if self._zero is None:  # the metrics' names, from a trace (nothing compiles)
+                names = jax.eval_shape(lambda *a: self._chunk_loss(*a)[1][1], params, mini, chunk, stats, frozen)
+                first = jax.tree.leaves(params)[0].sharding
+                rep = (NamedSharding(first.mesh, PartitionSpec()) if isinstance(first, NamedSharding) else first)
+                layout = (jax.tree.map(lambda x: x.sharding, params), rep, rep, rep, rep)
+                self._zero = jax.jit(lambda params: (*zero_sums(params), {k: _identity(k) for k in names}),
+                                     out_shardings=layout)
         if isinstance(jax.tree.leaves(params)[0], jax.ShapeDtypeStruct):
             return jax.eval_shape(self._zero, params)
         return self._zero(params)
