@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     if args.mode == "memory":
         args.impls = args.impls or list(IMPLS_TPU)
     else:
-        from dapo_jax.training.slices import quiet_tpu_environment
+        from dapo_jax.training.plan.slices import quiet_tpu_environment
 
         quiet_tpu_environment()  # time on this machine's own device, without libtpu's warnings where none is a TPU
     (memory if args.mode == "memory" else timing)(args)

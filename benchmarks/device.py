@@ -12,14 +12,14 @@ Each phase runs in a process of its own, so its peak memory is its own:
   as the recipe's 4) on `--prompts` prompts of `--prompt-len` tokens x G = `--group` responses of ragged
   lengths (uniform in 1..`--train-new-tokens`),
   the median of `--steps` timed steps after one untimed. MFU = model FLOPs / step time / the device's
-  dense bf16 peak (`training/chips.py`, by `device_kind`; none on a CPU). Model FLOPs = 6 x matmul
+  dense bf16 peak (`training/plan/chips.py`, by `device_kind`; none on a CPU). Model FLOPs = 6 x matmul
   parameters (the LM head included) x the tokens the packed rows lay out + causal attention
   6 x layers x attention width x sum of squared sequence lengths. The same FLOPs are also set against a
   matmul peak measured in the process (bf16 on an accelerator, f32 on a CPU).
 - `decode_512`, `decode_4096`: `make_generate` on `--decode-prompts` prompts x G = `--group` samples, no EOS
   (every sequence runs the full length); tokens/s = sequences x new tokens / the median of `--decode-calls`
   calls of the program compiled ahead (`compile_s`). Beside it, the time of one decode step against what
-  `dapo-jax plan`'s estimate (`training/estimate.py`) gives for it on this device, and the bytes and FLOPs
+  `dapo-jax plan`'s estimate (`training/plan/estimate.py`) gives for it on this device, and the bytes and FLOPs
   of that estimate (`step_bytes`, `step_flops`) to set against the ceilings measured by `peaks`.
 - `peaks`: the ceilings measured here, a square matmul (`matmul_peak`) and a copy (`copy_bandwidth`).
 - `dapo_step`: a whole DAPO step of the 0.5B recipe (`benchmarks/dapo_step.py`).
@@ -49,8 +49,8 @@ QUICK_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, n
 
 
 def nominal_peak(device_kind: str) -> float | None:
-    """The device's dense bf16 FLOP/s from `training/chips.py`'s table (data sheets), None on a CPU."""
-    from dapo_jax.training.chips import chip_for
+    """The device's dense bf16 FLOP/s from `training/plan/chips.py`'s table (data sheets), None on a CPU."""
+    from dapo_jax.training.plan.chips import chip_for
 
     chip = chip_for(device_kind)
     return None if chip is None else chip.device_flops
@@ -61,7 +61,7 @@ def decode_floor(cfg, *, rows: int, prompt_len: int, new_tokens: int) -> tuple[f
     S + 5T/8 cached slots read in the compute dtype; to set against a measured bandwidth and matmul peak."""
     import jax.numpy as jnp
 
-    from dapo_jax.training.estimate import decode_step
+    from dapo_jax.training.plan.estimate import decode_step
 
     _, step_bytes, step_flops = decode_step(cfg, rows=rows, context=prompt_len + 5 * new_tokens / 8,
                                             itemsize=jnp.dtype(cfg.dtype).itemsize, peak_flops=1.0, bandwidth=1.0)
@@ -73,8 +73,8 @@ def decode_estimate_ms(cfg, device_kind: str, *, rows: int, prompt_len: int, new
     and KV cache in the compute dtype over the HBM bandwidth, or FLOPs over the peak; about S + 5T/8 cached slots)."""
     import jax.numpy as jnp
 
-    from dapo_jax.training.chips import chip_for
-    from dapo_jax.training.estimate import decode_step
+    from dapo_jax.training.plan.chips import chip_for
+    from dapo_jax.training.plan.estimate import decode_step
 
     chip = chip_for(device_kind)
     if chip is None:
@@ -154,9 +154,9 @@ def phase_train(args, cfg, mesh) -> dict:
     from dapo_jax.objectives.registry import load_objective
     from dapo_jax.parallel.host import to_global
     from dapo_jax.parallel.mesh import batch_sharding
-    from dapo_jax.training.config import OptimSection
-    from dapo_jax.training.packed_step import PackedUpdate
-    from dapo_jax.training.train_step import Batch, init_train_state, make_logprob_fn, make_optimizer
+    from dapo_jax.training.config.run import OptimSection
+    from dapo_jax.training.update.packed_step import PackedUpdate
+    from dapo_jax.training.update.train_step import Batch, init_train_state, make_logprob_fn, make_optimizer
 
     graphdef, params, n_params = build(cfg, mesh)
     p, g, s, t = args.prompts, args.group, args.prompt_len, args.train_new_tokens
@@ -169,7 +169,7 @@ def phase_train(args, cfg, mesh) -> dict:
     rids = rng.integers(1, cfg.vocab_size, size=(p, g, t)).astype(np.int32) * rmask
     adv = rng.choice([-1.0, 1.0], size=(p, g, 1)).astype(np.float32) * rmask
     put = lambda x: to_global(x, batch_sharding(mesh))  # noqa: E731
-    # as the trainer packs (training/programs.py): a group's prompt shared only where the attention can branch
+    # as the trainer packs (training/update/programs.py): a group's prompt shared only where the attention can branch
     share = supports_branches(resolve(cfg.attention, platform=mesh.devices.flat[0].platform, seq_len=s + t))
     objective = load_objective("dapo", dynamic_sampling=False, overlong_buffer=None, max_response_length=t)
     tx, schedule = make_optimizer(OptimSection(lr=1e-6, weight_decay=0.1, grad_clip=1.0))

@@ -8,7 +8,7 @@ phase measured in the same run (a bf16 square matmul, a copy's bytes read + writ
   KV cache read once, `device.decode_floor`) and its FLOPs over the measured matmul peak; the step
   over that floor is the gap. "Peak tokens/s" is `sequences / (step FLOPs / matmul peak)`: what the
   batch would decode at if every step ran at the matmul peak.
-- an update's MFU is its model FLOPs per second over the data-sheet peak (`training/chips.py`), beside
+- an update's MFU is its model FLOPs per second over the data-sheet peak (`training/plan/chips.py`), beside
   the fraction of the measured matmul peak.
 The goals of issue 48 are checked on the rows that have them: a decode step at 16 sequences within 2x of
 its bandwidth floor, at 1,024 sequences at least 50% of the peak tokens/s, an update at 40% MFU or more.

@@ -36,7 +36,7 @@ from benchmarks.harness import REPO
 def cot_setup(args):
     from dapo_jax.data import cot
     from dapo_jax.models.hf_io import load_pretrained, load_tokenizer
-    from dapo_jax.training.config import load_config
+    from dapo_jax.training.config.run import load_config
 
     cfg = load_config(REPO / "dapo_jax" / "configs" / "cot_dapo.yaml")
     path = REPO / cfg.model.path

@@ -23,7 +23,7 @@ The programs: `decode step` (`models.decode.decode_step`, one token per row over
 cache, with the fused `[q|k|v]` / `[gate|up]` kernels built outside it, as the rollout does; beside it the same
 step with each block's separate projections), `rollout` (`make_generate`: prefill and every decode loop), `prefill` (the model's cached
 forward over the prompt), and the update programs of the tiny DAPO recipe as `dapo-jax plan` lowers
-them (`plan_programs.build_world`): `prepare` (log π_old), the unpacked `update`, and the packed
+them (`training/plan/programs.build_world`): `prepare` (log π_old), the unpacked `update`, and the packed
 update's stages. `tests/benchmarks/test_lowering.py` guards the decode loop at a tiny shape.
 """
 
@@ -206,9 +206,10 @@ def model_programs(cfg: ModelConfig, *, prompts: int = 2, group: int = 4, prompt
 
 def update_programs(layers: int, *, topology: str | None = None, packing: bool = True) -> dict[str, dict]:
     """The tiny DAPO recipe's `prepare` and update programs as `dapo-jax plan` lowers them, `layers` deep."""
-    from dapo_jax.training.config import load_config
-    from dapo_jax.training.plan import make_mesh_for, plan_devices, plan_model_config
-    from dapo_jax.training.plan_programs import build_world
+    from dapo_jax.training.config.run import load_config
+    from dapo_jax.training.plan.memory import make_mesh_for, plan_devices
+    from dapo_jax.training.plan.model_config import plan_model_config
+    from dapo_jax.training.plan.programs import build_world
 
     cfg = load_config("tiny_dapo", [f"optim.packing={str(packing).lower()}", "data.eval=null"])
     model_cfg, _ = plan_model_config(cfg)

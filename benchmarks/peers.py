@@ -151,10 +151,10 @@ def matmul_peak(n: int = 1024, repeats: int = 5, dtype: str = "float32") -> floa
 
 # ----------------------------------------------------------------------------- our side
 def has_packing() -> bool:
-    from dapo_jax.training.config import OptimSection
+    from dapo_jax.training.config.run import OptimSection
 
     try:
-        from dapo_jax.training.packed_step import PackedUpdate  # noqa: F401
+        from dapo_jax.training.update.packed_step import PackedUpdate  # noqa: F401
     except ImportError:
         return False
     return "packing" in OptimSection.model_fields
@@ -168,8 +168,8 @@ def has_compaction() -> bool:
 
 def default_fast_paths(w: Workload) -> tuple[bool, bool]:
     """`(optim.packing, rollout.compaction)` as a run config that leaves them unset resolves them for this
-    workload (training/config.py's `_resolve_fast_paths`): what a user's own config gets."""
-    from dapo_jax.training.config import RunConfig
+    workload (training/config/run.py's `_resolve_fast_paths`): what a user's own config gets."""
+    from dapo_jax.training.config.run import RunConfig
 
     cfg = RunConfig.model_validate({
         "objective": {"name": "dapo", "dynamic_sampling": False, "overlong_buffer": None},
@@ -204,9 +204,9 @@ def _run_ours(model_dir, w, info, mesh, *, packing: bool, compaction: bool) -> d
     from dapo_jax.parallel.mesh import batch_sharding
     from dapo_jax.sampling.config import SamplingConfig
     from dapo_jax.sampling.sampler import make_generate
-    from dapo_jax.training.config import OptimSection
+    from dapo_jax.training.config.run import OptimSection
     from dapo_jax.training.metrics import compile_count
-    from dapo_jax.training.train_step import Batch, init_train_state, make_optimizer, make_train_step
+    from dapo_jax.training.update.train_step import Batch, init_train_state, make_optimizer, make_train_step
 
     tok = load_tokenizer(model_dir)
     model = load_pretrained(model_dir, mesh=mesh)
@@ -221,8 +221,8 @@ def _run_ours(model_dir, w, info, mesh, *, packing: bool, compaction: bool) -> d
     scfg = SamplingConfig(max_new_tokens=w.max_new_tokens, temperature=w.temperature,
                           eos_token_ids=(tok.eos_token_id,), pad_token_id=tok.pad_token_id, **extra)
     generate = make_generate(graphdef, scfg, w.G)
-    if packing:  # the padding-free update, as the loop builds it (training/packed_step.py)
-        from dapo_jax.training.packed_step import PackedUpdate as make_step
+    if packing:  # the padding-free update, as the loop builds it (training/update/packed_step.py)
+        from dapo_jax.training.update.packed_step import PackedUpdate as make_step
         step_kw = {"chunk_rows": None, "put": put}
     else:
         make_step, step_kw = make_train_step, {}

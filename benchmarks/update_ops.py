@@ -95,7 +95,7 @@ def chunk(size: str, rows: int, length: int, repeats: int) -> None:
 
     import dapo_jax.models.attention as attention
     from dapo_jax.models.decoder import Decoder
-    from dapo_jax.training.packed_step import packed_logprobs
+    from dapo_jax.training.update.packed_step import packed_logprobs
 
     cfg, (short, long) = model_config(size)
     graphdef, params = nnx.split(Decoder(cfg, rngs=nnx.Rngs(0)), nnx.Param)

@@ -39,7 +39,7 @@ from dapo_jax import startup  # noqa: E402
 startup.prepare()  # SIGTERM / SIGHUP during the imports below: one line; libtpu quiet without a TPU
 
 from dapo_jax.data.templates import TEMPLATES  # noqa: E402
-from dapo_jax.training.config import CONFIG_DIR, ConfigError, RunConfig, find_config, load_config  # noqa: E402
+from dapo_jax.training.config.run import CONFIG_DIR, ConfigError, RunConfig, find_config, load_config  # noqa: E402
 from dapo_jax.training.rollout import StarvationError  # noqa: E402
 from dapo_jax.training.sources import DataError  # noqa: E402
 
@@ -164,7 +164,7 @@ def _default_template(target) -> str:
 def cmd_export(args) -> int:
     from dapo_jax.models.generation_config import load_generation_config
     from dapo_jax.models.hf_io import save_pretrained
-    from dapo_jax.training.config import resolve_path
+    from dapo_jax.training.config.run import resolve_path
     from dapo_jax.training.loop import load_trained_model
 
     ckpt = Path(args.checkpoint)
@@ -207,8 +207,8 @@ def cmd_plot(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    """Exit 0 when the run fits, 3 when a phase does not (dapo_jax/training/plan.py)."""
-    from dapo_jax.training.plan_compile import PlanCompileError
+    """Exit 0 when the run fits, 3 when a phase does not (dapo_jax/training/plan/memory.py)."""
+    from dapo_jax.training.plan.compile import PlanCompileError
 
     config, overrides = _split_config_and_overrides(args.items)
     from dapo_jax.training.stages import is_stages_file
@@ -222,13 +222,13 @@ def cmd_plan(args) -> int:
                    only=tuple(args.only) if args.only else None)
     try:
         if args.search:
-            from dapo_jax.training.plan_search import format_search, search, search_dict
+            from dapo_jax.training.plan.search import format_search, search, search_dict
 
             result = search(cfg, args.topology, **options)
             text, data, fits = format_search(result), search_dict(result), result.best is not None
         else:
-            from dapo_jax.training.plan import make_plan
-            from dapo_jax.training.plan_report import format_plan, plan_dict
+            from dapo_jax.training.plan.memory import make_plan
+            from dapo_jax.training.plan.report import format_plan, plan_dict
 
             plan = make_plan(cfg, topology=args.topology, **options)
             text, data, fits = format_plan(plan, title=config or str(MAIN_JOB)), plan_dict(plan), plan.fits
@@ -248,8 +248,8 @@ def cmd_plan(args) -> int:
 def _plan_stages(args, config: str, overrides: list[str]) -> int:
     """`dapo-jax plan STAGES.yaml`: the plan of every stage (on the first stage's model shapes); exit 3 when
     one does not fit."""
-    from dapo_jax.training.plan import make_plan
-    from dapo_jax.training.plan_report import format_plan, plan_dict
+    from dapo_jax.training.plan.memory import make_plan
+    from dapo_jax.training.plan.report import format_plan, plan_dict
     from dapo_jax.training.stages import load_stages
 
     if args.search or overrides:
@@ -275,8 +275,8 @@ def _plan_stages(args, config: str, overrides: list[str]) -> int:
 
 def _prepare_plan(args) -> None:
     """Before JAX starts: a TPU target needs no TPU here (quiet libtpu, CPU backends); `--cpu-devices`."""
-    from dapo_jax.training.plan import set_cpu_devices
-    from dapo_jax.training.slices import parse_family, parse_slice, quiet_tpu_environment
+    from dapo_jax.training.plan.memory import set_cpu_devices
+    from dapo_jax.training.plan.slices import parse_family, parse_slice, quiet_tpu_environment
 
     quiet_tpu_environment()
     if args.topology is not None:
@@ -417,7 +417,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from dapo_jax.models.config import ModelConfigError
     from dapo_jax.models.hf_io import CheckpointError as ModelCheckpointError
     from dapo_jax.parallel.mesh import MeshError
-    from dapo_jax.training.checkpoint import CheckpointError
+    from dapo_jax.training.state.checkpoint import CheckpointError
 
     return (ConfigError, DataError, ModelCheckpointError, ModelConfigError, CheckpointError, MeshError,
             FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
@@ -429,7 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     be saved; 7 another process of a multi-process run is gone; 143 stopped by SIGTERM after saving a
     checkpoint (or before the first step, with nothing to save); 130 stopped by Ctrl-C (SIGINT), the same
     way (a second Ctrl-C, or one outside training: at once, without saving)."""
-    from dapo_jax.training.guards import INTERRUPTED_EXIT_CODE, RunStopped
+    from dapo_jax.training.state.guards import INTERRUPTED_EXIT_CODE
+    from dapo_jax.parallel.stopped import RunStopped
 
     argv = sys.argv[1:] if argv is None else argv
     flag = next((a for a in argv[1:] if a.split("=", 1)[0] in ("--config", "--config-name", "--config-path")), None)
@@ -459,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     except _user_errors() as e:
         print(f"dapo-jax: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C outside a run's steps, or twice during one (training/guards.py)
+    except KeyboardInterrupt:  # Ctrl-C outside a run's steps, or twice during one (training/state/guards.py)
         print("dapo-jax: Interrupted: Ctrl-C: stopped without saving; rerun the same command to start or resume "
               "(from the last checkpoint)", file=sys.stderr)
         return INTERRUPTED_EXIT_CODE

@@ -5,7 +5,7 @@
 
 - A SIGTERM or SIGHUP before the run's own handlers are in place (imports, reading the config, loading the
   data) ends the process with one line and exit 143, as one during loading or compiling does
-  (`training/guards.py`), instead of a silent death by the signal. Ctrl-C there is Python's
+  (`training/state/guards.py`), instead of a silent death by the signal. Ctrl-C there is Python's
   KeyboardInterrupt, which the CLI already turns into one line.
 - A terminal that closes (SIGHUP: the window closed, an ssh session dropped) fails every later write to it;
   `sys.stdout` / `sys.stderr` on a terminal then write to /dev/null instead of raising, so that the run
@@ -24,7 +24,7 @@ import os
 import signal
 import sys
 
-PREEMPTED_EXIT_CODE = 143  # as training/guards.py: what schedulers expect from a process that obeyed SIGTERM
+PREEMPTED_EXIT_CODE = 143  # as training/state/guards.py: what schedulers expect from a process that obeyed SIGTERM
 _EARLY_SIGNALS = {signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP (the terminal closed)"}
 GPU_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin")
 
@@ -59,7 +59,7 @@ def quiet_libtpu() -> None:
     """On a host without a TPU where libtpu is installed, JAX's backends are the CPU's, so that libtpu is
     never started (it prints its failures to find a TPU before any log level applies). Left alone: a TPU
     host, a `JAX_PLATFORMS` the user set, a GPU plugin installed (JAX then picks the GPU). A plan for a TPU
-    slice still compiles through libtpu's own topology API (`training/slices.py`)."""
+    slice still compiles through libtpu's own topology API (`training/plan/slices.py`)."""
     if os.environ.get("JAX_PLATFORMS") or tpu_visible() or importlib.util.find_spec("libtpu") is None:
         return
     if any(importlib.util.find_spec(m) for m in GPU_PLUGINS):

@@ -81,8 +81,8 @@ def say(line: str) -> None:
 
 def run_one(job: Job, name: str, tag: str = "run") -> str | None:
     """Trains one job in this process (resuming its checkpoint); returns its error, if any."""
-    from dapo_jax.training.config import load_config
-    from dapo_jax.training.guards import Preempted
+    from dapo_jax.training.config.run import load_config
+    from dapo_jax.training.state.guards import Preempted
     from dapo_jax.training.loop import train
 
     say(f"[{tag}] {name}: training {job.steps} steps in {job.path}")
@@ -378,7 +378,7 @@ def write_page(out: Path, text: str) -> str:
 
 def default_config() -> Path:
     """The main job's recipe: the run every experiment varies by default."""
-    from dapo_jax.training.config import CONFIG_DIR
+    from dapo_jax.training.config.run import CONFIG_DIR
 
     return CONFIG_DIR / "cot_dapo.yaml"
 

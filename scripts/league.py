@@ -453,7 +453,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from dapo_jax.training.config import load_config
+    from dapo_jax.training.config.run import load_config
 
     config = args.config or default_config()
     cfg = load_config(config, args.extra)

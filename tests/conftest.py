@@ -64,7 +64,7 @@ def shared():
 def tiny_dapo_run(tmp_path_factory):
     """`(run_dir, final metrics)` of two DAPO steps of the embedded model (it answers about a third
     right, so groups have spread and accuracies are not all 0), logging rollouts at both steps."""
-    from dapo_jax.training.config import load_config
+    from dapo_jax.training.config.run import load_config
     from dapo_jax.training.loop import train
 
     run_dir = tmp_path_factory.mktemp("tiny_dapo_run") / "run"

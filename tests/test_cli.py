@@ -63,7 +63,7 @@ def test_export_loads_in_transformers_with_the_same_logits(trained, tmp_path):
     from flax import nnx
 
     from dapo_jax.models.decoder import positions_from_mask
-    from dapo_jax.training.config import load_config
+    from dapo_jax.training.config.run import load_config
     from dapo_jax.training.loop import load_trained_model
 
     _, run_dir = trained

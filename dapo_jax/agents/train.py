@@ -7,7 +7,7 @@
 
 Step `i` reads only the step index, the parameters and the optimizer state: the rows it plays and
 the randomness of its episodes are functions of `i`. A run resumed from a checkpoint of `(state, i)`
-(`training/checkpoint.Checkpointer`, the same files as `dapo-jax train`'s) therefore continues
+(`training/state/checkpoint.Checkpointer`, the same files as `dapo-jax train`'s) therefore continues
 exactly as the uninterrupted run (the test compares the parameters bit for bit).
 
 The outcome reward of an episode is its environment's `reward()`, else `reward_fn` (a reward function
@@ -33,7 +33,7 @@ from dapo_jax.agents.episodes import AgentLimits, Episode, run_episodes
 from dapo_jax.agents.outcome import outcome_rewards
 from dapo_jax.agents.render import DeltaRenderer
 from dapo_jax.agents.update import episode_batch
-from dapo_jax.training.train_step import TrainState, init_train_state, make_train_step
+from dapo_jax.training.update.train_step import TrainState, init_train_state, make_train_step
 
 
 class AgentTrainer:

@@ -33,7 +33,7 @@ import numpy as np
 from dapo_jax.agents.batch import with_outcome
 from dapo_jax.objectives.loss import compute_advantages, dynamic_sampling_keep, shape_rewards
 from dapo_jax.objectives.process import StepRewards
-from dapo_jax.training.train_step import Batch
+from dapo_jax.training.update.train_step import Batch
 
 
 class EpisodeBatch(NamedTuple):

@@ -29,6 +29,7 @@ A row whose field is missing or empty raises ``DataError`` naming the source, th
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any, Callable
 
@@ -153,8 +154,6 @@ def load_rows(source: str | Path, *, split: str = "train", config: str | None = 
 def _read_json_rows(path: Path) -> list[dict]:
     """Rows of a ``.jsonl`` file (one object per line) or a ``.json`` file (a list of objects, or JSON
     lines); a bad line raises ``DataError`` naming the file and the line, an empty file says so."""
-    import json
-
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8")

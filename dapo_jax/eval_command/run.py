@@ -27,8 +27,20 @@ import sys
 import time
 from pathlib import Path
 
+import jax
+from flax import nnx
+
+from dapo_jax.data.stream import tokenize_problems
 from dapo_jax.eval_command.sets import EvalSet
-from dapo_jax.training.config import ConfigError, RunConfig, config_from_dict, load_config, parse_overrides
+from dapo_jax.models.generation_config import load_generation_config
+from dapo_jax.parallel.host import to_global
+from dapo_jax.parallel.mesh import batch_sharding
+from dapo_jax.sampling.sampler import make_generate
+from dapo_jax.training import loop, sources
+from dapo_jax.training.config.run import (ConfigError, RunConfig, config_from_dict, load_config, parse_overrides,
+    resolve_path)
+from dapo_jax.training.evaluate import eval_key, evaluate
+from dapo_jax.training.metrics import read_metrics
 
 _BASE_RUN_DIR = "<no run: a base model>"
 
@@ -127,8 +139,6 @@ ROTATION_RETRIES = 5  # a checkpoint deleted under us this many times in a row i
 def load_checkpoint(target: Target, mesh, *, say=lambda msg: print(msg, file=sys.stderr, flush=True)):
     """`(target, model, tokenizer, step)` of the target's checkpoint; when it was the run's newest and a
     training run rotated it away before or while it was read, the newest one now on disk (said on stderr)."""
-    from dapo_jax.training import loop
-
     for attempt in range(ROTATION_RETRIES + 1):
         try:
             return (target, *loop.load_trained_model(target.cfg, target.checkpoint, mesh=mesh))
@@ -176,17 +186,6 @@ def _settings_cfg(cfg: RunConfig, s: dict) -> RunConfig:
 def run_eval(target: Target, sets: list[EvalSet], flags: EvalFlags = EvalFlags()) -> dict:
     """Evaluates the target on every set (the run's own evaluation set, named `eval`, when `sets` is
     empty); returns the report: settings, per-set metrics and the per-problem records."""
-    import jax
-    from flax import nnx
-
-    from dapo_jax.models.generation_config import load_generation_config
-    from dapo_jax.parallel.host import to_global
-    from dapo_jax.parallel.mesh import batch_sharding
-    from dapo_jax.sampling.sampler import make_generate
-    from dapo_jax.training import loop, sources
-    from dapo_jax.training.config import resolve_path
-    from dapo_jax.training.evaluate import eval_key, evaluate
-
     cfg = target.cfg
     if not sets:
         if cfg.data.eval is None:
@@ -241,9 +240,6 @@ def _stream(spec: EvalSet, cfg: RunConfig, tokenizer, max_prompt_length: int | N
 
     The run's own set uses the run's `data.max_prompt_length` (the same padding as training's
     evaluation); any other set is padded to its longest prompt (a multiple of 8), so none is dropped."""
-    from dapo_jax.data.stream import tokenize_problems
-    from dapo_jax.training import sources
-
     if max_prompt_length is None:
         if spec.own:
             max_prompt_length = cfg.data.max_prompt_length
@@ -263,8 +259,6 @@ def _compare_with_training(target: Target, step: int, results: dict, s: dict, fl
     own = [name for name, res in results.items() if res.get("own")]
     if target.run_dir is None or not own or not (target.run_dir / "metrics.jsonl").exists():
         return None
-    from dapo_jax.training.metrics import read_metrics
-
     row = next((r for r in read_metrics(target.run_dir) if r["step"] == step and "eval/accuracy" in r), None)
     if row is None:
         return None

@@ -25,7 +25,7 @@ import dataclasses
 from pathlib import Path
 
 from dapo_jax.data.datasets import FORMATS
-from dapo_jax.training.config import ConfigError, RewardFunction, RewardSection, SourceSection
+from dapo_jax.training.config.run import ConfigError, RewardFunction, RewardSection, SourceSection
 
 FORMAT_REWARDS = {"gsm8k": "gsm8k", "math500": "math_verify", "aime": "integer", "amc": "math_verify",
                   "dapo_math": "dapo_answer", "synthetic": "synthetic", "custom": "math_verify"}

@@ -34,10 +34,13 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+from dapo_jax.models import pallas_attention
+from dapo_jax.models.attention_mask import MaskIds, allowed, mask_ids, slice_ids
+from dapo_jax.models.blockwise_attention import blockwise_attention
 
 _NEG_INF = -1e30  # finite, so a masked score times 0 stays 0
 
@@ -49,37 +52,6 @@ _INTERPRET = contextvars.ContextVar("dapo_jax_pallas_interpret", default=False)
 
 class AttentionUnavailable(ValueError):
     """An attention implementation that cannot run on this backend (one line, names the setting)."""
-
-
-class MaskIds(NamedTuple):
-    """Which keys each query sees, as per-token ids (see the module docstring)."""
-
-    segment_ids: jax.Array  # [B, S] int32: a real token's sequence id; -(i + 1) for a padding token i
-    branch_ids: jax.Array | None  # [B, S] int32: 0 = the segment's shared prefix, b > 0 = its branch b
-
-
-def mask_ids(attention_mask: jax.Array, segment_ids: jax.Array | None = None,
-             branch_ids: jax.Array | None = None) -> MaskIds:
-    """The canonical ids of the decoder's inputs (`attention_mask [B, S]`, 1 = real token)."""
-    real = attention_mask.astype(bool)
-    s = real.shape[-1]
-    seg = jnp.ones(real.shape, jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
-    seg = jnp.where(real, seg, -(jnp.arange(s, dtype=jnp.int32) + 1))
-    return MaskIds(seg, None if branch_ids is None else branch_ids.astype(jnp.int32))
-
-
-def allowed(q_ids: MaskIds, k_ids: MaskIds, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
-    """`[B, Sq, Sk]` bool: which of the keys at `k_pos [Sk]` the queries at `q_pos [Sq]` see."""
-    ok = (k_pos[None, :] <= q_pos[:, None])[None]
-    ok = ok & (q_ids.segment_ids[:, :, None] == k_ids.segment_ids[:, None, :])
-    if q_ids.branch_ids is not None:
-        qb, kb = q_ids.branch_ids[:, :, None], k_ids.branch_ids[:, None, :]
-        ok = ok & ((kb == 0) | (qb == kb))
-    return ok
-
-
-def slice_ids(ids: MaskIds, lo: int, hi: int) -> MaskIds:
-    return MaskIds(*(None if x is None else x[:, lo:hi] for x in ids))
 
 
 # --------------------------------------------------------------------------- choosing
@@ -138,14 +110,10 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, ids: MaskIds, *, implementa
     if implementation == "reference":
         return reference_attention(q, k, v, ids)
     if implementation == "blockwise":
-        from dapo_jax.models.blockwise_attention import blockwise_attention
-
         return blockwise_attention(q, k, v, ids)
     if ids.branch_ids is not None:
         raise AttentionUnavailable(f"model.attention={implementation} cannot attend with branch_ids (shared "
                                    f"prompts): pack without optim.packing_share_prompts")
-    from dapo_jax.models import pallas_attention
-
     kernel = {"splash": pallas_attention.splash, "gpu_flash": pallas_attention.gpu_flash}[implementation]
     return kernel(q, k, v, ids.segment_ids, interpret=_INTERPRET.get())
 

@@ -30,7 +30,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from dapo_jax.models.attention import MaskIds, allowed
+from dapo_jax.models.attention_mask import MaskIds, allowed
 
 _NEG_INF = -1e30
 DEFAULT_BLOCK = 256

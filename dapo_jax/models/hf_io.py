@@ -35,6 +35,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
+from dapo_jax.models.classifier import Classifier
 from dapo_jax.models.config import ModelConfig
 from dapo_jax.models.decoder import Decoder
 from dapo_jax.models.generation_config import GenerationConfig
@@ -376,8 +377,6 @@ def load_classifier(
     checkpoint, or one whose ``config.json`` lists another number of labels than its head has, is
     refused with one line naming the folder.
     """
-    from dapo_jax.models.classifier import Classifier
-
     root = Path(path)
     head, num_labels, bias = classifier_head_layout(root)
     hf = json.loads((root / "config.json").read_text()) if (root / "config.json").exists() else {}

@@ -35,7 +35,8 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from dapo_jax.models.decoder import Decoder
-from dapo_jax.models.hf_io import _to_host, hf_name
+from dapo_jax.models.hf_io import _to_host, hf_name, save_safetensors
+from dapo_jax.models.sharding import param_shardings
 
 ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
@@ -98,8 +99,6 @@ def add_lora(model: Decoder, *, rank: int, alpha: float, targets=TARGETS, rngs: 
                 raise ValueError(f"{name} already has a LoRA adapter")
             setattr(parent, name, LoRALinear.from_linear(linear, rank=rank, alpha=alpha, rngs=rngs))
     if mesh is not None:
-        from dapo_jax.models.sharding import param_shardings
-
         adapters = nnx.state(model, nnx.LoRAParam)
         nnx.update(model, jax.device_put(adapters, param_shardings(adapters, mesh)))
     return model
@@ -200,8 +199,6 @@ def save_peft_adapter(model: Decoder, path: str | os.PathLike, *, base_model_nam
     """Writes `model`'s adapters as a PEFT LoRA adapter directory:
     `peft.PeftModel.from_pretrained(<the base transformers model>, path)` adds them to the base.
     In a multi-host run every process must call it; only process 0 writes."""
-    from dapo_jax.models.hf_io import save_safetensors
-
     config = peft_config(model, base_model_name_or_path=base_model_name_or_path)
     tensors = peft_tensors(nnx.state(model, nnx.LoRAParam), None if dtype is None else jnp.dtype(dtype))
     root = Path(path)

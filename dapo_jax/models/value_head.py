@@ -20,6 +20,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from dapo_jax.models.decoder import Decoder, positions_from_mask
+from dapo_jax.models.hf_io import load_pretrained
 
 
 class ValueModel(nnx.Module):
@@ -44,8 +45,6 @@ def load_value_model(path: str | Path, *, mesh: Mesh | None = None, seed: int = 
     language-model head, if any, is left unused) and whose head is fresh (`seed`). With `mesh`, the
     trunk is sharded by `models.sharding`'s rules and the head replicated. `overrides`: dtype,
     param_dtype, remat, as for `load_pretrained`."""
-    from dapo_jax.models.hf_io import load_pretrained
-
     model = ValueModel(load_pretrained(path, mesh=mesh, **overrides), rngs=nnx.Rngs(seed))
     if mesh is not None:
         head = nnx.state(model.value_head, nnx.Param)

@@ -238,7 +238,7 @@ class ObjectiveConfig(BaseModel):
 
     @property
     def uses_critic(self) -> bool:
-        """True when the advantages come from a learned value model (GAE: PPO, VAPO; `training/critic.py`)."""
+        """True when the advantages come from a learned value model (GAE: PPO, VAPO; `training/update/critic.py`)."""
         return self.advantage == "gae"
 
     @model_validator(mode="after")

@@ -8,7 +8,7 @@ Each response's advantage is divided by its normalised mean token entropy:
 
 so that, inside a group, a confident (low-entropy) correct response gets a larger push than an
 uncertain one, and a confident wrong one a larger penalty. `N` is a batch-level statistic: the trainer
-takes it over every micro-batch of the update (`training/train_step.py`, one extra forward pass, as
+takes it over every micro-batch of the update (`training/update/train_step.py`, one extra forward pass, as
 for the high-entropy quantile), so the update does not depend on `micro_batches` or the mesh.
 A zero advantage stays exactly zero (zero-spread groups carry no signal, whatever the entropy).
 """

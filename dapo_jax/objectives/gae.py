@@ -94,7 +94,7 @@ def gae_advantages(rewards, *, mask=None, valid=None, eps=1e-6, unbiased=True, k
     Invalid responses (`valid` = 0) get 0 and are left out of the whitening statistics."""
     if values is None or mask is None:
         raise ValueError("advantage='gae' needs the critic's values [P, G, T] and the response mask: "
-                         "dapo_jax.training.critic computes them (a run config whose objective uses a critic)")
+                         "dapo_jax.training.update.critic computes them (a run config whose objective uses a critic)")
     m = _f32(mask)
     if valid is not None:
         m = m * _f32(valid)[..., None]

@@ -24,7 +24,7 @@ ADVANTAGES = {
     "batch_norm": advantages.batch_norm,
     "gdpo_pair": gdpo.gdpo_pair,  # marks each group's (best, worst) pair for kind="gdpo"
     "grpo_process": process.grpo_process,  # step rewards (process.StepRewards), or one step per response
-    "gae": gae.gae_advantages,  # needs the critic's values: training/critic.py supplies them
+    "gae": gae.gae_advantages,  # needs the critic's values: training/update/critic.py supplies them
 }
 POLICY_LOSSES = {
     "clipped_surrogate": policy_loss.clipped_surrogate,

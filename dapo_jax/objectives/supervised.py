@@ -8,7 +8,7 @@ The negative log-likelihood of the assistant's tokens, token-mean over the whole
 the prompt, on other roles' turns and on padding. As every objective of the registry it returns the
 additive pair `(loss_sum, denominator)`: the denominator (a token count) depends on the mask only,
 so the update's `Σ_micro loss_sum / Σ_micro den` is the batch's token mean exactly, however the batch
-is split into mini-batches, micro-batches, packed chunks or devices (training/train_step.py).
+is split into mini-batches, micro-batches, packed chunks or devices (training/update/train_step.py).
 
 `sft_terms` is `registry.OBJECTIVE_KINDS["sft"]`: `loss.objective_terms` calls it in place of the
 policy-gradient loss when `ObjectiveConfig.kind == "sft"`. The advantages, `old_logp`, `ref_logp`

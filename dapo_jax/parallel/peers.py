@@ -27,7 +27,7 @@ import time
 
 import jax
 
-from dapo_jax.training.guards import RunStopped
+from dapo_jax.parallel.stopped import RunStopped
 
 KEY = "dapo_jax/alive/{}"
 

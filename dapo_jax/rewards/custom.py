@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from dapo_jax.rewards.pool import BoundedPool, Outcome
+from dapo_jax.rewards.remote import RemoteReward
 
 __all__ = ["FORMS", "CustomReward", "CustomRewardError", "detect_form", "is_custom_name", "label", "load_function",
            "make_custom_reward"]
@@ -307,8 +308,6 @@ def make_custom_reward(name: str, options: Mapping[str, Any], *, wrong: float, b
     if unknown:
         raise CustomRewardError(f"{name!r}: unknown option(s) {unknown}; a user reward takes {list(OPTIONS)}")
     if name.startswith(("http://", "https://")):
-        from dapo_jax.rewards.remote import RemoteReward
-
         fn, form = RemoteReward(name, timeout_s=float(options.get("timeout_s", 30.0))), "trl"
         if options.get("form", "trl") != "trl":
             raise CustomRewardError(f"{name!r}: a remote reward is sent whole batches; leave options.form out")

@@ -29,6 +29,8 @@ from dapo_jax.data import cot, synthetic
 from dapo_jax.rewards import check
 from dapo_jax.rewards.code import make_code_reward
 from dapo_jax.rewards.countdown import make_countdown_reward
+from dapo_jax.rewards.language import LanguageReward
+from dapo_jax.rewards.length import make_cosine_reward
 
 __all__ = [
     "RewardFn",
@@ -191,12 +193,8 @@ def make_reward(name: str, *, right: float = 1.0, wrong: float = -1.0, **options
     if name == "think_format":
         return FormatReward(**{"bonus": 1.0, "pattern": THINK_ANSWER_PATTERN, "name": "think_format", **options})
     if name == "cosine":
-        from dapo_jax.rewards.length import make_cosine_reward
-
         return make_cosine_reward(rule=lambda check_name: make_reward(check_name), **options)
     if name == "language":
-        from dapo_jax.rewards.language import LanguageReward
-
         return LanguageReward(**options)
     if name in _SANDBOXED:
         return _SANDBOXED[name](right=right, wrong=wrong, **options)

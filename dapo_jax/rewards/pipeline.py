@@ -39,6 +39,7 @@ import numpy as np
 from dapo_jax.rewards.custom import CustomReward
 from dapo_jax.rewards.functions import _truncate, score_batch
 from dapo_jax.rewards.reward_model import LearnedReward, ProcessRewardModel, prompt_unwrapper
+from dapo_jax.rewards.steps import make_step_scorer, step_fields, steps_to_arrays, token_pieces
 
 __all__ = ["NonFiniteReward", "RewardBatch", "RewardPipeline"]
 
@@ -163,8 +164,6 @@ class RewardPipeline:
         model when one is listed, else from the first function's rule steps (`rewards.steps`).
 
         Returns `(response_ids [P, G, T], response_mask [P, G, T], prompts [P], answers [P]) -> dict`."""
-        from dapo_jax.rewards.steps import make_step_scorer, step_fields, steps_to_arrays, token_pieces
-
         prm = next((fn for _, fn, _ in self.functions if isinstance(fn, ProcessRewardModel)), None)
         if prm is None:
             return make_step_scorer(self.functions[0][0], tokenizer)

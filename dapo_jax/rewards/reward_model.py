@@ -48,6 +48,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from dapo_jax.data.templates import render_prompt
+from dapo_jax.models.checks import check_finite_weights
+from dapo_jax.models.classifier import Classifier, classifier_partition_spec, sequence_logits
+from dapo_jax.models.config import ModelConfig
+from dapo_jax.models.decoder import Decoder, positions_from_mask
+from dapo_jax.models.hf_io import classifier_head_layout, load_classifier, load_tokenizer
+from dapo_jax.parallel.mesh import batch_divisor, batch_sharding
 from dapo_jax.rewards.steps import split_steps
 
 __all__ = ["LEARNED_REWARDS", "LearnedReward", "OutcomeRewardModel", "ProcessRewardModel", "make_learned_reward",
@@ -98,9 +105,6 @@ def make_score_fn(graphdef, *, kind: str, pad_token_id: int | None, positive_lab
     """The jitted device program `(params, ids [B, L], mask [B, L]) ->` outcome scores `[B]` (the
     sequence classifier's logit where transformers pools it) or, for a process RM, the probability of
     `positive_label` at every position `[B, L]`. float32."""
-    from dapo_jax.models.classifier import sequence_logits
-    from dapo_jax.models.decoder import positions_from_mask
-
     @jax.jit
     def score(params, ids, mask):
         model = nnx.merge(graphdef, params)
@@ -133,8 +137,6 @@ def prompt_unwrapper(policy_tokenizer):
     """`rendered policy prompt -> its user message`: the policy's chat template stripped off (a prompt
     rendered with the `chat` / `dapo_chat` templates), so a reward model reads the question as the user
     asked it, inside its own template. Other prompts pass unchanged."""
-    from dapo_jax.data.templates import render_prompt
-
     if policy_tokenizer is None or not getattr(policy_tokenizer, "chat_template", None):
         return lambda text: text
     mark = "\x00PROMPT\x00"
@@ -161,8 +163,6 @@ class LearnedReward:
 
     def __init__(self, name: str, path: str | Path, options: dict | None = None, *, wrong: float = 0.0,
                  max_length: int | None = None):
-        from dapo_jax.models.hf_io import classifier_head_layout, load_tokenizer
-
         self.name = name
         self.path = Path(path)
         self.options = _options(name, dict(options or {}))
@@ -199,10 +199,6 @@ class LearnedReward:
     # ------------------------------------------------------------------ device side
     def load(self, mesh=None, *, dtype: str = "float32") -> "LearnedReward":
         """Reads the weights (onto `mesh` by the sharding rules, else the default device) in `dtype`."""
-        from dapo_jax.models.checks import check_finite_weights
-        from dapo_jax.models.hf_io import load_classifier
-        from dapo_jax.parallel.mesh import batch_divisor
-
         model = load_classifier(self.path, mesh=mesh, dtype=dtype, param_dtype=dtype)
         check_finite_weights(model, source=str(self.path))
         graphdef, self.params = nnx.split(model, nnx.Param)
@@ -220,11 +216,6 @@ class LearnedReward:
         over the batch shards, and the jitted program (`score_fn.lower(params, ids, mask)` compiles it)."""
         from jax.sharding import NamedSharding
 
-        from dapo_jax.models.classifier import Classifier, classifier_partition_spec
-        from dapo_jax.models.config import ModelConfig
-        from dapo_jax.models.decoder import Decoder
-        from dapo_jax.parallel.mesh import batch_divisor, batch_sharding
-
         config = ModelConfig.from_pretrained(self.path, tie_word_embeddings=True, dtype=dtype, param_dtype=dtype)
         abstract = nnx.eval_shape(lambda: Classifier(Decoder(config, rngs=nnx.Rngs(0)), num_labels=self.num_labels,
                                                      head=self.head, bias=self.bias, rngs=nnx.Rngs(0)))
@@ -240,8 +231,6 @@ class LearnedReward:
 
     def _run(self, rows: list[list[int]]) -> list[np.ndarray]:
         """Device outputs for token rows (each at most `max_length`), `batch_size` rows a call."""
-        from dapo_jax.parallel.mesh import batch_sharding
-
         if self._fn is None:
             self.load()
         b, length = self._rows, self.max_length

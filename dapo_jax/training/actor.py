@@ -19,8 +19,10 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from dapo_jax.objectives.loss import dynamic_sampling_keep, shape_rewards
+from dapo_jax.parallel.host import to_global
 from dapo_jax.training import sources
-from dapo_jax.training.config import RunConfig
+from dapo_jax.training.config.run import RunConfig
 from dapo_jax.training.group_filter import selection_stats
 from dapo_jax.training.rollout import Groups, StreamedRounds, collect_groups
 from dapo_jax.training.source_metrics import source_stats, watch_rounds
@@ -33,7 +35,7 @@ class Actor:
     cfg: RunConfig
     generate: Callable  # (sampler state, prompt_ids [P, S], prompt_mask, key) -> Rollout (programs.generate)
     continuous: Any  # sampling.continuous.ContinuousSampler (rollout.continuous), or None
-    policy: Any  # training.lora.PolicyWeights
+    policy: Any  # training.update.lora.PolicyWeights
     stream: Any  # data.PromptStream of the training prompts
     share: Any  # parallel.process_data.ProcessShare: this process's rows of a generation batch
     tokenizer: Any
@@ -70,8 +72,6 @@ class Actor:
     def keep(self, groups: Groups) -> np.ndarray:
         """Dynamic sampling's `[N]` keep mask: groups with a spread of correctness (or reward); with GFPO the
         spread that counts is the kept subset's (group_filter.py)."""
-        from dapo_jax.objectives.loss import dynamic_sampling_keep
-
         k, _ = dynamic_sampling_keep(self.cfg.objective_config, correct=groups.correct, rewards=groups.rewards,
                                      valid=groups.selected)
         return np.asarray(k, bool)
@@ -89,11 +89,9 @@ class Actor:
         return sampler, ids, mask, key
 
     def precompile(self, sampler) -> None:
-        """Compiles what the first round runs, as `sample_round` calls it (training/compile_ahead.py): the
+        """Compiles what the first round runs, as `sample_round` calls it (training/update/compile_ahead.py): the
         sampler, for `policy.sampler(params)` given by its shapes and layouts, and the reward shaping's and
         dynamic sampling's array operations on a round's shapes."""
-        from dapo_jax.objectives.loss import dynamic_sampling_keep, shape_rewards
-
         r, objective = self.cfg.rollout, self.cfg.objective_config
         if self.continuous is not None:  # its programs compile as the stream admits and decodes
             return
@@ -111,8 +109,6 @@ class Actor:
     def score(self, prompts, out) -> Groups:
         """Decode, reward, overlong shaping and GFPO's selection of one batch of this process's rows; every
         process gets the whole batch back, in row order."""
-        from dapo_jax.objectives.loss import shape_rewards
-
         objective = self.cfg.objective_config
         p, g, t = out.response_ids.shape
         source = np.asarray([e.source for e in prompts.examples], np.int32)  # a data mixture's (data/mixture.py)
@@ -148,10 +144,8 @@ class Actor:
                               score=self.score, keep_fn=keep, need=need)
 
     def initial_batch(self, params, round_idx: int) -> tuple:
-        """VAPO's value pre-training batch `round_idx` (training/critic.py): one round of the initial policy,
+        """VAPO's value pre-training batch `round_idx` (training/update/critic.py): one round of the initial policy,
         as device arrays `(prompt_ids, prompt_mask, response_ids, response_mask, rewards, valid)`."""
-        from dapo_jax.parallel.host import to_global
-
         g = collect_groups(lambda j: self.sample_round(0, round_idx, params), None, train_batch=self.cfg.rollout.train_batch,
                            max_gen_batches=1, on_starvation="train_on_kept")[0]
         host = (g.prompt_ids, g.prompt_mask, g.response_ids, g.response_mask, g.rewards,

@@ -17,15 +17,20 @@ from pathlib import Path
 import jax
 from flax import nnx
 
-from dapo_jax.training.config import ConfigError, RunConfig, resolve_path
-from dapo_jax.training.lora import PolicyWeights
-from dapo_jax.training.train_step import init_train_state, make_optimizer
+from dapo_jax.models.checks import check_finite_weights, check_tokenizer_fits
+from dapo_jax.models.generation_config import load_generation_config, stop_token_ids
+from dapo_jax.models.hf_io import load_pretrained, load_tokenizer as load
+from dapo_jax.models.lora import merged_decoder
+from dapo_jax.parallel.mesh import make_mesh
+from dapo_jax.parallel.process_data import start_processes
+from dapo_jax.sampling.config import SamplingConfig
+from dapo_jax.training.config.run import ConfigError, RunConfig, resolve_path
+from dapo_jax.training.state.checkpoint import restore_params
+from dapo_jax.training.update.lora import PolicyWeights
+from dapo_jax.training.update.train_step import init_train_state, make_optimizer
 
 
 def build_mesh(cfg: RunConfig):
-    from dapo_jax.parallel.mesh import make_mesh
-    from dapo_jax.parallel.process_data import start_processes
-
     start_processes(cfg.mesh.distributed)  # before any other JAX call (docs/multihost.md)
     n = cfg.mesh.data * cfg.mesh.fsdp * cfg.mesh.tensor
     devices = jax.devices()
@@ -46,17 +51,11 @@ def _model_path(cfg: RunConfig):
 
 
 def load_tokenizer(cfg: RunConfig):
-    from dapo_jax.models.hf_io import load_tokenizer as load
-
     return load(_model_path(cfg))
 
 
 def load_model(cfg: RunConfig, mesh, tokenizer):
     """The configured model on `mesh`, checked: finite weights, a tokenizer that fits its vocabulary."""
-    from dapo_jax.models.checks import check_finite_weights, check_tokenizer_fits
-    from dapo_jax.models.generation_config import load_generation_config
-    from dapo_jax.models.hf_io import load_pretrained
-
     path = _model_path(cfg)
     model = load_pretrained(path, mesh=mesh, param_dtype=cfg.model.param_dtype, dtype=cfg.model.dtype,
                             remat=cfg.model.remat, attention=cfg.model.attention)
@@ -69,9 +68,6 @@ def sampling_config(cfg: RunConfig, tokenizer, model_cfg, *, eval_mode: bool = F
     """The sampler's settings; it stops on every EOS id of config.json, generation_config.json (read
     from model.path when `generation` is None: chat models list their end-of-turn token only there)
     and the tokenizer."""
-    from dapo_jax.models.generation_config import load_generation_config, stop_token_ids
-    from dapo_jax.sampling.config import SamplingConfig
-
     generation = generation if generation is not None else load_generation_config(_model_path(cfg))
     eos = stop_token_ids(model_cfg, generation, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (model_cfg.pad_token_id or 0)
@@ -89,9 +85,6 @@ def load_trained_model(cfg: RunConfig, checkpoint: str | Path | None = None, *, 
     """`(model, tokenizer, step)`: the base model with the params of `checkpoint` (a run dir, its
     `checkpoints/` folder or one `checkpoints/STEP`; None = the run dir's newest, base model if none).
     A LoRA run's adapters come merged into a plain Decoder, or with `adapters=True` as LoRA modules."""
-    from dapo_jax.models.lora import merged_decoder
-    from dapo_jax.training.checkpoint import restore_params
-
     mesh = mesh or build_mesh(cfg)
     with jax.set_mesh(mesh):
         tokenizer = load_tokenizer(cfg)

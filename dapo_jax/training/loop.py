@@ -23,33 +23,36 @@ import jax
 import jax.numpy as jnp
 
 from dapo_jax.parallel.host import to_global
+from dapo_jax.parallel.mesh import batch_sharding, committed
 from dapo_jax.parallel.peers import PeerWatch
+from dapo_jax.parallel.process_data import ProcessShare, start_processes
 from dapo_jax.training import sources
 from dapo_jax.training.actor import Actor
 from dapo_jax.training.build import build_mesh, load_model, load_tokenizer, load_trained_model, sampling_config
-from dapo_jax.training.checkpoint import Checkpointer
-from dapo_jax.training.compile_ahead import CompileAhead, abstract
-from dapo_jax.training.config import RunConfig
-from dapo_jax.training.critic import Critic
+from dapo_jax.training.config.run import RunConfig
 from dapo_jax.training.difficulty import build_difficulty
-from dapo_jax.training.distill import check_teacher, load_teacher
 from dapo_jax.training.evaluate import eval_key, evaluate
 from dapo_jax.training.group_filter import GroupFilter
-from dapo_jax.training.guards import NonFiniteMonitor, Preemption, StepBoundary
 from dapo_jax.training.loggers import make_loggers
-from dapo_jax.training.lora import PolicyWeights
 from dapo_jax.training.metrics import MetricsWriter, compile_count
-from dapo_jax.training.model_identity import check_model_unchanged, record_model
 from dapo_jax.training.overlap import Prefetcher
-from dapo_jax.training.programs import attention_report, build_programs, run_optimizer
 from dapo_jax.training.report import Progress, ReadsNothing, counters, step_row
 from dapo_jax.training.rollout import Groups
 from dapo_jax.training.rollout_log import RolloutLog
-from dapo_jax.training.run_dir import RunDir
-from dapo_jax.training.run_state import restore, save
+from dapo_jax.training.run_data import make_data
+from dapo_jax.training.state.checkpoint import Checkpointer
+from dapo_jax.training.state.guards import NonFiniteMonitor, Preemption, StepBoundary
+from dapo_jax.training.state.model_identity import check_model_unchanged, record_model
+from dapo_jax.training.state.run_dir import RunDir
+from dapo_jax.training.state.run_state import restore, save
 from dapo_jax.training.step import Learner, rl_step
 from dapo_jax.training.supervised import SupervisedSource
-from dapo_jax.training.train_step import init_train_state
+from dapo_jax.training.update.compile_ahead import CompileAhead, abstract
+from dapo_jax.training.update.critic import Critic
+from dapo_jax.training.update.distill import check_teacher, load_teacher
+from dapo_jax.training.update.lora import PolicyWeights
+from dapo_jax.training.update.programs import attention_report, build_programs, run_optimizer
+from dapo_jax.training.update.train_step import init_train_state
 
 
 def train(cfg: RunConfig) -> dict:
@@ -61,9 +64,6 @@ def train(cfg: RunConfig) -> dict:
     `CheckpointError` for what the user must fix, `RunStopped` (`NonFiniteError`, `Preempted`) when
     the run stopped early, `StarvationError` when dynamic sampling could not fill a batch.
     """
-    from dapo_jax.parallel.mesh import batch_sharding
-    from dapo_jax.parallel.process_data import ProcessShare, start_processes
-
     run_dir = RunDir(cfg)
     objective, r = cfg.objective_config, cfg.rollout
     group_filter = GroupFilter(objective, group_size=r.G) if objective.gfpo else None
@@ -73,7 +73,7 @@ def train(cfg: RunConfig) -> dict:
     compile_count()  # install the listener before anything compiles
 
     tokenizer = load_tokenizer(cfg)
-    stream, eval_stream, scorer = sources.make_data(cfg, tokenizer, objective)
+    stream, eval_stream, scorer = make_data(cfg, tokenizer, objective)
     if cfg.distill is not None:  # on-policy distillation: the teacher reads the same token ids (one line if not)
         check_teacher(cfg, tokenizer)
     # process supervision (docs/objectives.md#process-supervision): a process reward model's step rewards,
@@ -88,7 +88,7 @@ def train(cfg: RunConfig) -> dict:
     with run_dir, Preemption(exit_until_armed=True) as preemption, jax.set_mesh(mesh), contextlib.ExitStack() as cleanup, \
             PeerWatch():  # a lost peer process: one line naming it (parallel/peers.py)
         run_dir.check_same_config()
-        check_model_unchanged(cfg, run_dir.path, say)  # its tokenizer, configs and weights (model_identity.py)
+        check_model_unchanged(cfg, run_dir.path, say)  # its tokenizer, configs and weights (state/model_identity.py)
         model = load_model(cfg, mesh, tokenizer)
         scorer.load(mesh, dtype=cfg.model.dtype)  # learned reward models (rewards/reward_model.py): frozen, on the mesh
         policy, params = PolicyWeights.build(model, cfg.lora, seed=cfg.train.seed, mesh=mesh)  # LoRA: adapters only
@@ -98,8 +98,8 @@ def train(cfg: RunConfig) -> dict:
         state = init_train_state(params, tx)
         del model, params
         critic = Critic.build(cfg, mesh) if objective.uses_critic else None  # PPO / VAPO's value model
-        teacher = load_teacher(cfg, mesh, tokenizer) if cfg.distill is not None else None  # frozen (distill.py)
-        # every jitted program of the run, built where `dapo-jax plan` builds them (training/programs.py)
+        teacher = load_teacher(cfg, mesh, tokenizer) if cfg.distill is not None else None  # frozen (update/distill.py)
+        # every jitted program of the run, built where `dapo-jax plan` builds them (training/update/programs.py)
         programs = build_programs(cfg, policy=policy, model_cfg=model_cfg, mesh=mesh, tx=tx, schedule=schedule,
                                   scfg=sampling_config(cfg, tokenizer, model_cfg),
                                   eval_scfg=sampling_config(cfg, tokenizer, model_cfg, eval_mode=True),
@@ -218,11 +218,9 @@ class Evaluation:
 
 
 def _compile_ahead(cfg: RunConfig, actor: Actor, learner: Learner, state, run, scorer, mesh) -> CompileAhead:
-    """The first step's rollout and update, compiled in the background (training/compile_ahead.py) while the
+    """The first step's rollout and update, compiled in the background (training/update/compile_ahead.py) while the
     main thread evaluates at step 0 and samples; nothing when no step is left to run. The jobs see the
     states by their shapes and layouts only: the first update donates the arrays."""
-    from dapo_jax.parallel.mesh import committed
-
     if run.step >= cfg.train.steps:
         return CompileAhead([])
     r = cfg.rollout

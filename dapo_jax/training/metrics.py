@@ -29,6 +29,9 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from dapo_jax.training.loggers import TensorBoardLogger, scalars
+from dapo_jax.training.state.failed_save import RunDirWriteError, cause_of
+
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _compiles = 0
 _lock = threading.Lock()
@@ -86,8 +89,6 @@ class MetricsWriter:
         repair_torn_line(self.path)
         self._file = open(self.path, "a", buffering=1)
         if loggers is None:
-            from dapo_jax.training.loggers import TensorBoardLogger
-
             loggers = [TensorBoardLogger(run_dir)] if tensorboard else []
         self._loggers = list(loggers)
 
@@ -101,14 +102,10 @@ class MetricsWriter:
             self._file.write(json.dumps(row) + "\n")
             self._file.flush()
             if self._loggers:
-                from dapo_jax.training.loggers import scalars
-
                 for logger in self._loggers:
                     where = f"{type(logger).__name__}'s files in {self.path.parent}"
                     logger.log(int(step), scalars(row))
         except OSError as e:
-            from dapo_jax.training.failed_save import RunDirWriteError, cause_of
-
             self._failed = True
             raise RunDirWriteError(f"cannot write {where} at step {step}: {cause_of(e)}; the run stopped (rows up to "
                                    f"the last complete line are kept); free the space and rerun the same command to "

@@ -22,6 +22,7 @@ import numpy as np
 
 from dapo_jax.data.mixture import MixtureStream
 from dapo_jax.rewards.pipeline import RewardBatch
+from dapo_jax.training.sources import make_scorer, make_stream
 
 
 class MixtureScorer:
@@ -102,8 +103,6 @@ def make_mixture(cfg, tokenizer, objective, *, default) -> tuple[MixtureStream, 
     named `train`, for difficulty filtering), its scorer (a `MixtureScorer`; `default` itself with one
     source and no reward of its own), and `(config key, PromptStream, scorer)` for `make_data` to
     check each source's answers with its own reward functions."""
-    from dapo_jax.training.sources import make_scorer, make_stream
-
     d = cfg.data
     max_len, seed = d.max_prompt_length, d.seed
     if d.sources is None:

@@ -23,7 +23,17 @@ import json
 import os
 from pathlib import Path
 
-from dapo_jax.training.config import ConfigError
+import jax
+from flax import nnx
+
+from dapo_jax.eval_command.run import load_checkpoint, resolve_target
+from dapo_jax.parallel.host import to_global
+from dapo_jax.parallel.mesh import batch_sharding
+from dapo_jax.sampling.sampler import make_generate
+from dapo_jax.training import sources
+from dapo_jax.training.build import build_mesh, load_model, load_tokenizer, sampling_config
+from dapo_jax.training.config.run import ConfigError, find_config
+from dapo_jax.training.evaluate import eval_key, evaluate
 
 
 def select_kept(records: list[dict], *, per_prompt: int) -> list[dict]:
@@ -47,16 +57,6 @@ def rejection_sample(cfg, params_model, tokenizer, *, out: str | Path, k: int, p
                      limit: int | None = None, seed: int | None = None, mesh=None) -> dict:
     """Samples `k` responses per `data.train` prompt with `params_model` (a Decoder), keeps the accepted ones
     (`select_kept`) and writes them to `out`; returns the counts (prompts, sampled, correct, kept)."""
-    import jax
-    from flax import nnx
-
-    from dapo_jax.parallel.host import to_global
-    from dapo_jax.parallel.mesh import batch_sharding
-    from dapo_jax.sampling.sampler import make_generate
-    from dapo_jax.training import sources
-    from dapo_jax.training.build import sampling_config
-    from dapo_jax.training.evaluate import eval_key, evaluate
-
     if k < 1:
         raise ConfigError(f"--k {k}: sample at least 1 response per prompt")
     problems = {p.index: p for p in sources.load_source(cfg.data.train, seed=cfg.data.seed)}
@@ -93,13 +93,6 @@ def run_rft(model: str, *, out: str | Path, checkpoint: int | None = None, overr
     """`dapo-jax rft MODEL`: `rejection_sample` with a run's checkpoint (newest, or `checkpoint`; 0 = its base
     model), a run config's base model, or a Hugging Face model dir (as `dapo-jax eval --model` reads them);
     `k` defaults to the run's rollout.G."""
-    import jax
-
-    from dapo_jax.eval_command.run import load_checkpoint, resolve_target
-    from dapo_jax.training.build import build_mesh, load_model, load_tokenizer
-
-    from dapo_jax.training.config import find_config
-
     if not Path(model).exists():  # a packaged recipe's name (tiny_dapo)
         model = str(find_config(model))
     target = resolve_target(model, checkpoint=checkpoint, overrides=overrides)

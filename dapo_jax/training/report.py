@@ -20,7 +20,7 @@ import warnings
 from dapo_jax.data.datasets import DataError
 from dapo_jax.training.metrics import compile_count
 from dapo_jax.training.rollout import part_means
-from dapo_jax.training.run_state import RunState
+from dapo_jax.training.state.run_state import RunState
 from dapo_jax.training.step import StepResult
 
 

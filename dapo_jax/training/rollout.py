@@ -25,6 +25,7 @@ from typing import Callable
 
 import numpy as np
 
+from dapo_jax.data.stream import PromptBatch
 from dapo_jax.training.source_metrics import length_by_outcome
 
 
@@ -101,7 +102,7 @@ class Groups:
     def blank(n: int, prompt_len: int, group_size: int, response_len: int, *, steps: int = 0,
               parts: int = 0) -> "Groups":
         """`n` valid all-zero groups with the dtypes a scored round has: what the programs a batch goes
-        through are compiled for ahead of the first rollout (training/compile_ahead.py)."""
+        through are compiled for ahead of the first rollout (training/update/compile_ahead.py)."""
         p, g, t = n, group_size, response_len
         return Groups(np.zeros((p, prompt_len), np.int32), np.zeros((p, prompt_len), np.int32),
                       np.zeros((p, g, t), np.int32), np.zeros((p, g, t), np.float32), np.zeros((p, g, t), np.float32),
@@ -254,8 +255,6 @@ class StreamedRounds:
 
     def __init__(self, sampler, params, stream, key, *, max_prompts: int, score: Callable,
                  need: int | None = None, keep_fn: Callable[[Groups], np.ndarray] | None = None):
-        from dapo_jax.data.stream import PromptBatch
-
         self._sampler = sampler
         kept = judged = 0  # this stream's groups kept by `keep_fn` (all without one), and handed out
 

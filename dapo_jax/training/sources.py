@@ -15,21 +15,24 @@ on changed data (`data.stream.StreamMismatch`, exit 2) unless `data.accept_chang
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from pathlib import Path
-
+from dapo_jax.data.cot import cot_rows
+from dapo_jax.data.countdown import countdown_rows
 from dapo_jax.data.datasets import FORMATS, DataError, Problem, load_problems, to_problems
-from dapo_jax.rewards.custom import CustomReward, CustomRewardError, is_custom_name, make_custom_reward
+from dapo_jax.data.stream import PromptStream
+from dapo_jax.data.synthetic import synthetic_rows
+from dapo_jax.rewards import make_reward
+from dapo_jax.rewards.custom import is_custom_name, make_custom_reward
 from dapo_jax.rewards.custom import label as custom_label
 from dapo_jax.rewards.pipeline import NonFiniteReward, RewardPipeline
-from dapo_jax.rewards.reward_model import LearnedReward
-from dapo_jax.training.config import BUILT_IN_TASKS, REPO_ROOT, resolve_path
+from dapo_jax.rewards.reward_model import LEARNED_REWARDS, LearnedReward, make_learned_reward
+from dapo_jax.training.config.run import BUILT_IN_TASKS, REPO_ROOT, resolve_path
 
-__all__ = ["DataError", "load_source", "make_stream", "resume_stream", "source_path", "decode_responses", "make_scorer",
-           "make_data"]
+__all__ = ["DataError", "load_source", "make_stream", "resume_stream", "source_path", "decode_responses", "make_scorer"]
 
 
 def source_path(source) -> Path | None:
@@ -45,10 +48,6 @@ def load_source(source, *, seed: int = 0) -> list[Problem]:
     """The problems of one configured source (a built-in task: `synthetic` or `cot`, a file, a folder
     or a hub name)."""
     if source.name in BUILT_IN_TASKS:
-        from dapo_jax.data.cot import cot_rows
-        from dapo_jax.data.countdown import countdown_rows
-        from dapo_jax.data.synthetic import synthetic_rows
-
         make_rows = {"synthetic": synthetic_rows, "cot": cot_rows, "countdown": countdown_rows}[source.name]
         split = "heldout" if source.split in ("test", "heldout") else source.split
         try:
@@ -88,8 +87,6 @@ def make_stream(source, tokenizer, *, max_prompt_length: int, seed: int, shuffle
     """A resumable `dapo_jax.data.PromptStream` whose batches are `[n, max_prompt_length]`; `key` names
     the source's config section in its saved identity and errors. `seed` draws a built-in task's problems,
     `order_seed` (default `seed`) the order they are visited in."""
-    from dapo_jax.data.stream import PromptStream
-
     problems = load_source(source, seed=seed)
     path = source_path(source)
     identity = {"key": key, "name": source.name, "path": str(path) if path is not None else None}
@@ -215,9 +212,6 @@ def make_scorer(reward_cfg, objective, *, tokenizer=None, max_length: int | None
     default row length); `key`:
     the config section, for errors (a mixture source's: `data.sources.NAME.reward`).
     """
-    from dapo_jax.rewards import make_reward
-    from dapo_jax.rewards.reward_model import LEARNED_REWARDS, make_learned_reward
-
     right = reward_cfg.right if reward_cfg.right is not None else objective.reward_correct
     wrong = reward_cfg.wrong if reward_cfg.wrong is not None else objective.reward_wrong
     functions = []
@@ -234,85 +228,3 @@ def make_scorer(reward_cfg, objective, *, tokenizer=None, max_length: int | None
             raise DataError(f"{key}.functions.{i} ({f.name!r}): {e}") from e
         functions.append((custom_label(f.name) if is_custom_name(f.name) else f.name, fn, f.weight))
     return RunScorer(functions, on_error=reward_cfg.on_error, policy_tokenizer=tokenizer)
-
-
-def make_data(cfg, tokenizer, objective, *, sample: int = 8):
-    """`(train_stream, eval_stream | None, scorer)`, all checked before any model loads; with a supervised
-    objective the train stream's examples carry their responses (training/supervised.py).
-
-    Every configured file is opened and every row parsed (`make_stream`), the reward functions are
-    built and the rule functions run once on the first `sample` problems of each source (each ground
-    truth scored as a response to itself), a user function called once on the first row (likewise), and
-    every ground truth read by each function that reads one (`unreadable_truths`), so a bad row, field,
-    file, reward or reward option fails in seconds, naming it.
-    A mixture (`data.sources`) or difficulty filtering (`data.difficulty`): a `data.mixture.MixtureStream`
-    and each source's own reward functions (training/mixture.py).
-    """
-    from dapo_jax.training.mixture import make_mixture
-
-    max_len = cfg.data.max_prompt_length
-    scorer = make_scorer(cfg.reward, objective, tokenizer=tokenizer,
-                         max_length=max_len + cfg.rollout.max_new_tokens)
-    if objective.supervised:  # (prompt, response) examples to fine-tune on (training/supervised.py)
-        from dapo_jax.training.supervised import supervised_stream
-
-        stream = supervised_stream(cfg, tokenizer)
-        checks = []  # the data's responses are trained on, not scored
-    elif cfg.data.sources is None and cfg.data.difficulty is None:
-        stream = make_stream(cfg.data.train, tokenizer, max_prompt_length=max_len, seed=cfg.data.seed,
-                             order_seed=cfg.data.order_seed)
-        checks = [("data.train", stream, scorer)]
-    else:
-        stream, train_scorer, checks = make_mixture(cfg, tokenizer, objective, default=scorer)
-    eval_stream = None
-    if cfg.data.eval is not None:
-        eval_stream = make_stream(cfg.data.eval, tokenizer, max_prompt_length=max_len, seed=cfg.data.seed,
-                                  shuffle=False, key="data.eval")
-        checks.append(("data.eval", eval_stream, scorer))
-    # each source's rule functions on its first answers, its ground truths through each function that reads
-    # one, and each user function once on its first row (import and signature were checked by make_scorer;
-    # make_scorer has checked each reward model's folder)
-    for name, s, source_scorer in checks:
-        unreadable_truths(source_scorer, s, name)
-        examples = s.examples[:sample]
-        answers = [e.answer for e in examples]
-        rules = [f for f in source_scorer.functions if not isinstance(f[1], (LearnedReward, CustomReward))]
-        strict = RunScorer(rules, on_error="raise") if rules else None
-        if strict is not None:
-            strict.require_scored = False  # a few rows: unreadable_truths judges the whole source
-        try:
-            if strict is not None:
-                strict(answers, answers)
-        except DataError as e:
-            raise DataError(f"{name}: the reward cannot score this source's answers: {e}") from e
-        for j, (fn_name, fn, _) in enumerate(source_scorer.functions):
-            if isinstance(fn, CustomReward) and examples:
-                first = examples[0]
-                try:
-                    fn.dry_run(first.answer, first.answer, first.row or {}, first.text)
-                except CustomRewardError as e:
-                    raise DataError(f"reward.functions.{j}: {e} (on {name} row {first.index}, its ground truth "
-                                    f"{_short(first.answer)} as the response)") from e
-    return stream, eval_stream, (scorer if cfg.data.sources is None else train_scorer)
-
-
-def unreadable_truths(scorer, stream, name: str) -> None:
-    """Every ground truth of `stream` through each function that reads one: none readable is a
-    `DataError` naming the function; some unreadable is a warning with their count and the first row."""
-    import warnings
-
-    answers = [e.answer for e in stream.examples]
-    for j, (fn_name, fn, _) in enumerate(scorer.functions):
-        read = getattr(fn, "truth_readable", None)
-        if read is None or not answers:
-            continue
-        bad = [i for i, a in enumerate(answers) if not read(a)]
-        if len(bad) == len(answers):
-            raise DataError(f"{name}: reward.functions.{j} ({fn_name!r}) cannot read any of the {len(answers)} "
-                            f"ground truths (row {stream.examples[0].index}: {_short(answers[0])}): check "
-                            f"{name}.format / {name}.answer_field, or choose a reward for this data")
-        if bad:
-            warnings.warn(f"{name}: {len(bad)} of {len(answers)} ground truths cannot be read by reward "
-                          f"{fn_name!r} (first: row {stream.examples[bad[0]].index}, {_short(answers[bad[0]])}); "
-                          f"their responses are scored wrong and counted in reward_unreadable/"
-                          f"{scorer.part_names[j]}", RuntimeWarning, stacklevel=2)

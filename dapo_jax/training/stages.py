@@ -35,10 +35,17 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import jax
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dapo_jax.training.config import ConfigError, RunConfig, SourceSection, find_config, load_config
+from dapo_jax.models.generation_config import load_generation_config
+from dapo_jax.models.hf_io import save_pretrained
+from dapo_jax.training import loop
+from dapo_jax.training.build import build_mesh, load_model, load_tokenizer, load_trained_model
+from dapo_jax.training.config.run import ConfigError, RunConfig, SourceSection, find_config, load_config, resolve_path
+from dapo_jax.training.metrics import read_metrics
+from dapo_jax.training.rejection import rejection_sample
 
 STAGE_PREFIX = "stage:"
 
@@ -155,11 +162,6 @@ def _stage_ref(override: str, plans, for_plan, first_model, path, i, stage) -> s
 def export_final(cfg: RunConfig, out: Path) -> None:
     """The run's newest checkpoint as a Hugging Face model in `out` (written beside it, then renamed:
     `out` exists only once complete)."""
-    from dapo_jax.models.generation_config import load_generation_config
-    from dapo_jax.models.hf_io import save_pretrained
-    from dapo_jax.training.build import load_trained_model
-    from dapo_jax.training.config import resolve_path
-
     model, tokenizer, _ = load_trained_model(cfg, cfg.train.run_dir)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -170,8 +172,6 @@ def export_final(cfg: RunConfig, out: Path) -> None:
 
 def combine_metrics(plans: list[StagePlan], run_dir: Path) -> Path:
     """`RUN_DIR/metrics.jsonl`: every stage's rows in order, `step` counted over the chain (rebuilt whole)."""
-    from dapo_jax.training.metrics import read_metrics
-
     lines, offset = [], 0
     for p in plans:
         if not (p.dir / "metrics.jsonl").exists():
@@ -191,9 +191,6 @@ def combine_metrics(plans: list[StagePlan], run_dir: Path) -> Path:
 
 def run_stages(plans: list[StagePlan], *, say=print) -> dict:
     """Runs the stages not yet done, in order; returns the last stage's final metrics row."""
-    from dapo_jax.training.loop import train
-    from dapo_jax.training.rejection import rejection_sample
-
     last: dict = {}
     run_dir = plans[0].dir.parent
     for p in plans:
@@ -203,7 +200,7 @@ def run_stages(plans: list[StagePlan], *, say=print) -> dict:
         say(f"[dapo-jax stages] {p.label}: {p.cfg.objective.name} from {p.cfg.model.path}", flush=True)
         if p.stage.rft is not None and not p.kept.exists():
             _sample_kept(p, rejection_sample, say)
-        last = train(p.cfg)
+        last = loop.train(p.cfg)
         export_final(p.cfg, p.export)
         combine_metrics(plans, run_dir)
     combine_metrics(plans, run_dir)
@@ -213,10 +210,6 @@ def run_stages(plans: list[StagePlan], *, say=print) -> dict:
 def _sample_kept(p: StagePlan, rejection_sample, say) -> None:
     """The rft stage's data: the previous stage's model (this stage's model.path) sampled on `rft.prompts`,
     judged by this stage's reward functions."""
-    import jax
-
-    from dapo_jax.training.build import build_mesh, load_model, load_tokenizer
-
     rft = p.stage.rft
     cfg = p.cfg.model_copy(update={"data": p.cfg.data.model_copy(update={"train": rft.prompts})})
     mesh = build_mesh(cfg)

@@ -21,11 +21,14 @@ from typing import Any, Callable
 
 import jax
 
+from dapo_jax.objectives.process import StepRewards
 from dapo_jax.parallel.host import to_global, to_host
 from dapo_jax.training.overlap import Prefetcher
 from dapo_jax.training.rollout import Groups
-from dapo_jax.training.run_state import RunState
-from dapo_jax.training.train_step import TrainState
+from dapo_jax.training.state.run_state import RunState
+from dapo_jax.training.update.compile_ahead import compiled_outputs
+from dapo_jax.training.update.distill import reverse_kl_mean
+from dapo_jax.training.update.train_step import TrainState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,18 +76,18 @@ def rl_step(step: int, state: TrainState, run: RunState, *, rollouts: Prefetcher
 
 @dataclasses.dataclass(frozen=True)
 class Learner:
-    """The update half of the step: the run's jitted `prepare` and `train_step` (training/programs.py) on the
+    """The update half of the step: the run's jitted `prepare` and `train_step` (training/update/programs.py) on the
     kept groups, laid out over the mesh."""
 
     prepare: Callable  # log π_old / π_ref recomputed, advantages (and the critic's batch): jitted
     train_step: Callable  # (TrainState, Batch, **policy.step_kwargs) -> (TrainState, metrics)
-    policy: Any  # training.lora.PolicyWeights
+    policy: Any  # training.update.lora.PolicyWeights
     reference: Any  # π_ref's weights (objective.needs_reference), or None
-    critic: Any  # training.critic.Critic (PPO, VAPO), or None
+    critic: Any  # training.update.critic.Critic (PPO, VAPO), or None
     rows: Any  # the batch's sharding: prompts (whole groups) over ("data", "fsdp")
     reward_parts: bool  # multi_reward normalize_then_sum: each function's reward [P, G, K], combined on the device
     step_rewards: bool  # process supervision: advantages from the step rewards (docs/objectives.md#process-supervision)
-    teacher: Any = None  # on-policy distillation's frozen teacher (training/distill.py), or None
+    teacher: Any = None  # on-policy distillation's frozen teacher (training/update/distill.py), or None
 
     def advantages(self, params, groups: Groups, critic_state=None):
         """`(Batch, critic batch)` of `groups` on the mesh. GFPO's dropped responses (`groups.selected`) leave
@@ -93,8 +96,6 @@ class Learner:
         return self.prepare(*args, **kwargs)
 
     def _prepare_inputs(self, params, groups: Groups, critic_state) -> tuple[tuple, dict]:
-        from dapo_jax.objectives.process import StepRewards
-
         sel = groups.selected
         host = (groups.prompt_ids, groups.prompt_mask, groups.response_ids, groups.response_mask * sel[..., None],
                 groups.old_logp, groups.reward_parts if self.reward_parts else groups.rewards,
@@ -107,10 +108,8 @@ class Learner:
                 {"steps": to_global(steps, self.rows), **critic_in, **teacher_in})
 
     def precompile(self, state: TrainState, groups: Groups, critic_state=None) -> list:
-        """Compiles `advantages` and `update` for a batch shaped like `groups` (training/compile_ahead.py):
+        """Compiles `advantages` and `update` for a batch shaped like `groups` (training/update/compile_ahead.py):
         `prepare` here; returns the update's programs as `(name, compile)` jobs, to compile in parallel."""
-        from dapo_jax.training.compile_ahead import compiled_outputs
-
         args, kwargs = self._prepare_inputs(state.params, groups, critic_state)
         batch, critic_batch = compiled_outputs(self.prepare, *args, **kwargs)
         kw = self.policy.step_kwargs
@@ -126,8 +125,6 @@ class Learner:
         """`(state, critic_state, metrics on the host)` after the step's updates."""
         state, metrics = self.train_step(state, batch, **self.policy.step_kwargs)
         if batch.teacher_logp is not None:  # on-policy distillation: how far the student's samples are
-            from dapo_jax.training.distill import reverse_kl_mean
-
             metrics = {**metrics, "distill/reverse_kl": reverse_kl_mean(batch.old_logp, batch.teacher_logp,
                                                                         batch.response_mask)}
         if self.critic is not None:

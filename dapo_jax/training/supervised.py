@@ -23,10 +23,14 @@ from typing import Any
 
 import numpy as np
 
-from dapo_jax.data.datasets import DataError
+from dapo_jax.data import cot
+from dapo_jax.data.datasets import DataError, load_rows
 from dapo_jax.data.supervised import SupervisedStream, supervised_examples
-from dapo_jax.training.config import RunConfig, resolve_path
+from dapo_jax.models.config import ModelConfig
+from dapo_jax.models.generation_config import load_generation_config, stop_token_ids
+from dapo_jax.training.config.run import RunConfig, resolve_path
 from dapo_jax.training.rollout import Groups
+from dapo_jax.training.sources import source_path
 
 BUILT_IN = ("cot",)  # built-in tasks with worked traces to fine-tune on (data/cot.py)
 
@@ -35,11 +39,7 @@ def supervised_rows(source, *, seed: int) -> tuple[list[dict], str]:
     """`(rows, format)` of a supervised source: a file, folder or hub name (read by `datasets.load_rows`),
     or the chain-of-thought task with its traces (`name: cot`, option `variant`: reference / verbose /
     terse / slip, default reference; its other options are the task's)."""
-    from dapo_jax.data.datasets import load_rows
-
     if source.name in BUILT_IN:
-        from dapo_jax.data import cot
-
         options = dict(source.options)
         variant = options.pop("variant", "reference")
         split = "heldout" if source.split in ("test", "heldout") else source.split
@@ -63,9 +63,6 @@ def supervised_rows(source, *, seed: int) -> tuple[list[dict], str]:
 def supervised_stream(cfg: RunConfig, tokenizer) -> SupervisedStream:
     """data.train as a resumable stream of supervised examples, checked row by row before any model loads
     (`DataError` naming the file, row and field)."""
-    from dapo_jax.models.config import ModelConfig
-    from dapo_jax.models.generation_config import load_generation_config, stop_token_ids
-
     src, path = cfg.data.train, resolve_path(cfg.model.path)
     rows, fmt = supervised_rows(src, seed=cfg.data.seed)
     stops = stop_token_ids(ModelConfig.from_pretrained(path), load_generation_config(path), tokenizer)
@@ -82,8 +79,6 @@ def supervised_stream(cfg: RunConfig, tokenizer) -> SupervisedStream:
         warnings.warn(f"{where}: {skipped['response']} of {len(examples) + sum(skipped.values())} responses are longer "
                       f"than rollout.max_new_tokens={cfg.rollout.max_new_tokens} tokens (stop token included) and are "
                       f"left out", RuntimeWarning, stacklevel=2)
-    from dapo_jax.training.sources import source_path
-
     file = source_path(src)
     identity = {"key": "data.train", "name": src.name, "path": str(file) if file is not None else None}
     return SupervisedStream(examples, tokenizer, max_prompt_length=cfg.data.max_prompt_length, seed=cfg.data.seed,
@@ -111,7 +106,7 @@ class SupervisedSource:
 
     cfg: RunConfig
     stream: SupervisedStream
-    policy: Any  # training.lora.PolicyWeights (for the compile-ahead's sampler shapes)
+    policy: Any  # training.update.lora.PolicyWeights (for the compile-ahead's sampler shapes)
 
     def collect(self, step: int, params, carry) -> tuple[Groups, dict, None]:
         """The next `rollout.train_batch` examples of the stream (its position advances; resumable)."""

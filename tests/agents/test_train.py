@@ -12,7 +12,7 @@ from dapo_jax.agents.episodes import AgentLimits
 from dapo_jax.agents.train import AgentTrainer
 from dapo_jax.objectives.registry import load_objective
 from dapo_jax.sampling.config import SamplingConfig
-from dapo_jax.training.checkpoint import Checkpointer, abstract_like
+from dapo_jax.training.state.checkpoint import Checkpointer, abstract_like
 from tests.agents.helpers import id_renderer, random_decoder
 from tests.agents.test_episodes import Stochastic
 

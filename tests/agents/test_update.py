@@ -10,7 +10,7 @@ from flax import nnx
 
 from dapo_jax.agents.update import episode_batch
 from dapo_jax.objectives.registry import load_objective
-from dapo_jax.training.train_step import init_train_state, make_train_step
+from dapo_jax.training.update.train_step import init_train_state, make_train_step
 from tests.agents.helpers import random_decoder
 
 # two groups of two episodes, T = 8: m = model id, o = observation id
@@ -140,7 +140,7 @@ PACKED = [  # (recipe, overrides, num_minibatches, micro_batches)
 def test_the_packed_update_trains_episodes_as_the_unpacked(name, overrides, n, m):
     """Tool ids are in the packed rows (the forward attends to them) and out of the loss: the same loss,
     metrics and gradient (sgd(1): new params = params - grad) as the unpacked update."""
-    from dapo_jax.training.packed_step import PackedUpdate
+    from dapo_jax.training.update.packed_step import PackedUpdate
 
     obj = load_objective(name, **overrides)
     batch = episodes(obj, np.array([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0]))

@@ -59,7 +59,7 @@ def test_nominal_peaks(kind, peak):
 
 def test_the_decode_estimate_is_the_plans():
     """On an H100, one decode step of the quick model: `estimate.decode_step` at its bandwidth and peak."""
-    from dapo_jax.training.estimate import decode_step
+    from dapo_jax.training.plan.estimate import decode_step
 
     cfg = bench_device.model_config(quick=True)
     want, _, _ = decode_step(cfg, rows=4, context=16 + 5 * 64 / 8, itemsize=2, peak_flops=989e12, bandwidth=3350e9)

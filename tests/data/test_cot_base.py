@@ -40,7 +40,7 @@ def test_config_matches_the_script_knobs(script):
 def test_configs_agree_with_the_base(script, name):
     """Same task and split seed as the warm-up (held-out problems unseen), prompts fit, and the
     token budget is the one the base's figures were measured with."""
-    from dapo_jax.training.config import load_config
+    from dapo_jax.training.config.run import load_config
 
     cfg = load_config(REPO / "dapo_jax" / "configs" / f"{name}.yaml")
     task = {k: v for k, v in script.TASK.items() if k not in ("seed", "train_size")}

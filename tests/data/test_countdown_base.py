@@ -34,7 +34,7 @@ def test_config_matches_the_script_knobs(script):
 
 
 def test_recipe_agrees_with_the_base(script):
-    from dapo_jax.training.config import load_config
+    from dapo_jax.training.config.run import load_config
 
     cfg = load_config(REPO / "dapo_jax" / "configs" / "countdown_dapo.yaml")
     task = {k: v for k, v in script.TASK.items() if k != "seed"}

@@ -8,7 +8,7 @@ import pytest
 
 from dapo_jax.cli import main
 from dapo_jax.eval_command.run import EvalFlags, resolve_target, run_eval
-from dapo_jax.training.config import REPO_ROOT, ConfigError
+from dapo_jax.training.config.run import REPO_ROOT, ConfigError
 
 TINY_BASE = REPO_ROOT / "dapo_jax" / "assets" / "tiny_base"
 
@@ -115,7 +115,7 @@ def test_a_config_override_after_data_files_is_an_override(capsys):
 @pytest.fixture(scope="module")
 def rotating_run(tmp_path_factory):
     """A run with checkpoints 1 and 2 (keep 2), as a training run leaves them between two saves."""
-    from dapo_jax.training.config import load_config
+    from dapo_jax.training.config.run import load_config
     from dapo_jax.training.loop import train
 
     run_dir = tmp_path_factory.mktemp("rotating") / "run"
@@ -151,7 +151,7 @@ def test_eval_of_the_newest_takes_the_next_newest_when_rotation_deleted_it_durin
     """The files go away while Orbax reads them (the training run's rotation deletes the folder)."""
     import shutil
 
-    from dapo_jax.training.checkpoint import Checkpointer
+    from dapo_jax.training.state.checkpoint import Checkpointer
 
     run_dir = copy_run(rotating_run, tmp_path / "run")
     restore = Checkpointer.restore

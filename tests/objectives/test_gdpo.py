@@ -166,8 +166,8 @@ def _tiny_model():
 
 def test_train_step_does_not_depend_on_micro_batches():
     from dapo_jax.models.logprobs import response_logprobs
-    from dapo_jax.training.config import OptimSection
-    from dapo_jax.training.train_step import Batch, init_train_state, make_optimizer, make_train_step
+    from dapo_jax.training.config.run import OptimSection
+    from dapo_jax.training.update.train_step import Batch, init_train_state, make_optimizer, make_train_step
 
     cfg = load_objective("gdpo", gdpo_beta=1.0)
     p_, s_ = 4, 3

@@ -279,7 +279,7 @@ def test_every_recipe_runs_under_jit():
         cfg = load_objective(name, max_response_length=T, overlong_buffer=None)
         rewards = np.random.default_rng(0).normal(size=(4, 4)).astype(np.float32)
         kl = token_kl(cfg, b["old_logp"], b["ref_logp"])
-        if cfg.uses_critic:  # PPO / VAPO: advantages from a critic's values (training/critic.py supplies them)
+        if cfg.uses_critic:  # PPO / VAPO: advantages from a critic's values (training/update/critic.py supplies them)
             from dapo_jax.objectives.gae import advantages_and_targets
 
             adv, _ = advantages_and_targets(cfg, rewards, b["mask"], np.zeros(b["mask"].shape, np.float32), kl)

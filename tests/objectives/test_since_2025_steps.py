@@ -12,8 +12,8 @@ from dapo_jax.models.logprobs import response_logprobs
 from dapo_jax.objectives.diagnostics import finalize_metrics
 from dapo_jax.objectives.loss import objective_terms
 from dapo_jax.objectives.registry import load_objective
-from dapo_jax.training.train_step import init_train_state
-from tests.training.test_packed_step import G, P, T, _fields, _steps, make_batch, tiny_model
+from dapo_jax.training.update.train_step import init_train_state
+from tests.training.update.test_packed_step import G, P, T, _fields, _steps, make_batch, tiny_model
 
 COV = {"clip_cov": dict(clip_cov_ratio=0.2, clip_cov_lb=0.0, clip_cov_ub=5.0), "kl_cov": dict(kl_cov_ratio=0.1)}
 # (recipe, overrides, micro_batches to compare, the diagnostic that must be non-zero)

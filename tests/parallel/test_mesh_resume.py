@@ -15,10 +15,10 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from dapo_jax.parallel.mesh import make_mesh
-from dapo_jax.training.checkpoint import Checkpointer
-from dapo_jax.training.config import ConfigError, load_config
+from dapo_jax.training.state.checkpoint import Checkpointer
+from dapo_jax.training.config.run import ConfigError, load_config
 from dapo_jax.training.metrics import read_metrics
-from dapo_jax.training.run_dir import RunDir
+from dapo_jax.training.state.run_dir import RunDir
 from tests.training.conftest import make_tiny_model, tiny_overrides
 
 COMPARED = ("reward_mean", "accuracy", "kept_fraction", "gen_rounds", "loss", "grad_norm", "entropy")

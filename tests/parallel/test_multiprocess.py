@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from dapo_jax.training.config import load_config
+from dapo_jax.training.config.run import load_config
 from dapo_jax.training.loop import load_trained_model, train
 from dapo_jax.training.metrics import read_metrics
 from tests.training.conftest import make_tiny_model, tiny_overrides

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dapo_jax.training.config import CONFIG_DIR, load_config
+from dapo_jax.training.config.run import CONFIG_DIR, load_config
 from tests.conftest import load_script
 
 REPO = Path(__file__).resolve().parents[2]
@@ -235,7 +235,7 @@ def fake_ablation(tmp_path, monkeypatch, *, seeds: int, rows: str, fails=lambda 
 
 def test_a_failed_run_is_reported_and_the_others_go_on(tmp_path, monkeypatch):
     import dapo_jax.training.loop as loop
-    from dapo_jax.training.guards import Preempted
+    from dapo_jax.training.state.guards import Preempted
 
     argv, out, trained = fake_ablation(tmp_path, monkeypatch, seeds=2, rows="grpo,dapo,clip",
                                        fails=lambda cfg: cfg.objective_config.dynamic_sampling)

@@ -4,7 +4,7 @@ classified as the report says, and the results land between the markers of the d
 from pathlib import Path
 from types import SimpleNamespace
 
-from dapo_jax.training.config import load_config
+from dapo_jax.training.config.run import load_config
 from tests.conftest import load_script
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dapo_jax.objectives.registry import load_objective
-from dapo_jax.training.config import CONFIG_DIR, load_config
+from dapo_jax.training.config.run import CONFIG_DIR, load_config
 from tests.conftest import load_script
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,10 +14,10 @@ from flax import nnx
 from dapo_jax.models import Decoder
 from dapo_jax.models.attention import pallas_interpret
 from dapo_jax.objectives.registry import load_objective
-from dapo_jax.training.packed_step import PackedUpdate
-from dapo_jax.training.train_step import init_train_state, make_train_step
+from dapo_jax.training.update.packed_step import PackedUpdate
+from dapo_jax.training.update.train_step import init_train_state, make_train_step
 from tests.models.test_decoder import CONFIGS, make_model
-from tests.training import test_packed_step as packed_cases
+from tests.training.update import test_packed_step as packed_cases
 
 
 def packed_rows(s=29):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import dapo_jax
-from dapo_jax.training.config import load_config
+from dapo_jax.training.config.run import load_config
 from dapo_jax.training.loop import train
 from dapo_jax.training.metrics import read_metrics
 

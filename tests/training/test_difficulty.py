@@ -84,7 +84,7 @@ def test_attached_to_a_mixture_the_filter_skips_its_prompts_and_names_an_exhaust
     from dapo_jax.data.datasets import Problem
     from dapo_jax.data.mixture import MixtureStream, SourceExhausted
     from dapo_jax.data.stream import PromptStream
-    from dapo_jax.training.config import load_config
+    from dapo_jax.training.config.run import load_config
     from dapo_jax.training.difficulty import build_difficulty
 
     tok = build_char_tokenizer()

@@ -12,9 +12,9 @@ from flax import nnx
 
 from dapo_jax.models.logprobs import response_logprobs
 from dapo_jax.objectives.config import ObjectiveConfig
-from dapo_jax.training.config import OptimSection
-from dapo_jax.training.train_step import init_train_state, make_optimizer, make_train_step
-from tests.training.test_train_step import leaves, make_batch, tiny_model
+from dapo_jax.training.config.run import OptimSection
+from dapo_jax.training.update.train_step import init_train_state, make_optimizer, make_train_step
+from tests.training.update.test_train_step import leaves, make_batch, tiny_model
 
 
 def test_entropy_driven_advantage_is_taken_over_the_whole_update_batch():
@@ -63,7 +63,7 @@ def test_entropy_driven_advantage_is_taken_over_the_whole_update_batch():
 
 @pytest.mark.slow
 def test_two_steps_of_the_edge_grpo_recipe(tmp_path):
-    from dapo_jax.training.config import load_config
+    from dapo_jax.training.config.run import load_config
     from dapo_jax.training.loop import train
     from tests.training.conftest import finite_step_rows
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from dapo_jax.cli import main
-from dapo_jax.training.checkpoint import Checkpointer
+from dapo_jax.training.state.checkpoint import Checkpointer
 from dapo_jax.training.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -176,8 +176,8 @@ def test_run_dir_that_is_a_file(tiny_model_dir, tmp_path, overrides_for, capsys)
 def test_second_run_into_a_held_run_dir_fails_at_once_naming_the_holder(tiny_model_dir, tmp_path, overrides_for, capsys):
     run_dir = tmp_path / "run"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from dapo_jax.training.config import load_config; "
-         "from dapo_jax.training.run_dir import RunDir; rd = RunDir(load_config(None, sys.argv[1:])).__enter__(); "
+        [sys.executable, "-c", "import sys, time; from dapo_jax.training.config.run import load_config; "
+         "from dapo_jax.training.state.run_dir import RunDir; rd = RunDir(load_config(None, sys.argv[1:])).__enter__(); "
          "print('held', flush=True); time.sleep(60)", f"train.run_dir={run_dir}"],
         stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:
@@ -206,7 +206,7 @@ def test_non_finite_updates_stop_the_run_and_keep_every_checkpoint_finite(tiny_m
     ckpt = Checkpointer(run_dir / "checkpoints")
     assert ckpt.all_steps() == [1]  # written before the second bad step; nothing after
     ckpt.close()
-    from dapo_jax.training.config import load_config
+    from dapo_jax.training.config.run import load_config
     from dapo_jax.training.loop import load_trained_model
     import jax
 
@@ -317,7 +317,7 @@ def test_a_checkpoints_folder_that_fails_stops_the_run_at_the_next_step_in_one_l
     system calls where no mount can be made). Step 12's async save fails: the run stops at the first
     step boundary after the failure surfaces (a busy machine may take a step or two to fail the
     background save), not at the next save (step 18), with one line and exit 6, and checkpoint 6 loads."""
-    from dapo_jax.training.config import load_config
+    from dapo_jax.training.config.run import load_config
     from dapo_jax.training.loop import load_trained_model
 
     run_dir, keep = tmp_path / "run", tmp_path / "kept"
@@ -505,7 +505,7 @@ def test_ctrl_c_while_the_run_loads_is_one_line_and_130(tmp_path):
 def test_a_mesh_that_leaves_devices_idle_says_so(capsys):
     import jax
 
-    from dapo_jax.training.config import load_config
+    from dapo_jax.training.config.run import load_config
     from dapo_jax.training.loop import build_mesh
 
     n = len(jax.devices())

@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from dapo_jax.training.config import ConfigError, load_config
+from dapo_jax.training.config.run import ConfigError, load_config
 from dapo_jax.training.loggers import TensorBoardLogger, WandbLogger, make_loggers
 from dapo_jax.training.metrics import MetricsWriter
 
@@ -23,7 +23,7 @@ def test_loggers_key_and_the_older_tensorboard_switch():
 
 
 def test_changing_loggers_does_not_block_a_resume(tmp_path):
-    from dapo_jax.training.run_dir import RunDir
+    from dapo_jax.training.state.run_dir import RunDir
 
     first = load_config(None, [f"train.run_dir={tmp_path}"])
     RunDir(first).save_config()

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from dapo_jax.training.checkpoint import Checkpointer
-from dapo_jax.training.config import load_config
+from dapo_jax.training.state.checkpoint import Checkpointer
+from dapo_jax.training.config.run import load_config
 from dapo_jax.training.loop import load_trained_model, train
 from dapo_jax.training.metrics import read_metrics
 
@@ -122,7 +122,7 @@ def test_sigkill_mid_run_then_resume_matches_uninterrupted(tiny_model_dir, tmp_p
 
 def _abstract(cfg):
     from dapo_jax.training.loop import build_mesh, load_model, load_tokenizer
-    from dapo_jax.training.train_step import init_train_state, make_optimizer
+    from dapo_jax.training.update.train_step import init_train_state, make_optimizer
 
     mesh = build_mesh(cfg)
     with jax.set_mesh(mesh):

@@ -4,7 +4,7 @@ budget of generated samples, whatever each one's samples per step)."""
 
 import numpy as np
 
-from dapo_jax.training.config import load_config
+from dapo_jax.training.config.run import load_config
 from dapo_jax.training.loop import train
 from dapo_jax.training.metrics import read_metrics
 

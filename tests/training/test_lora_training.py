@@ -1,4 +1,4 @@
-"""LoRA training (training/lora.py): only the adapters in the optimizer and the gradients, the base frozen
+"""LoRA training (training/update/lora.py): only the adapters in the optimizer and the gradients, the base frozen
 and the reference policy, the sampler's merged weights giving the trainer's log-probs, and a 2-step run of
 dapo_jax/configs/tiny_dapo_lora.yaml that resumes and exports."""
 
@@ -16,9 +16,9 @@ from dapo_jax.models.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, merged_decoder
 from dapo_jax.objectives.config import ObjectiveConfig
 from dapo_jax.sampling.config import SamplingConfig
 from dapo_jax.sampling.sampler import make_generate
-from dapo_jax.training.config import CONFIG_DIR, ConfigError, LoRASection, OptimSection, load_config
-from dapo_jax.training.lora import PolicyWeights
-from dapo_jax.training.train_step import (
+from dapo_jax.training.config.run import CONFIG_DIR, ConfigError, LoRASection, OptimSection, load_config
+from dapo_jax.training.update.lora import PolicyWeights
+from dapo_jax.training.update.train_step import (
     Batch, init_train_state, make_logprob_fn, make_optimizer, make_train_step, policy_logprobs,
 )
 
@@ -149,7 +149,7 @@ def test_bad_lora_config_names_the_key(override, key):
 @pytest.mark.slow
 def test_recipe_trains_resumes_and_exports(tmp_path):
     from dapo_jax.cli import main
-    from dapo_jax.training.checkpoint import Checkpointer
+    from dapo_jax.training.state.checkpoint import Checkpointer
     from dapo_jax.training.loop import load_trained_model, train
     from dapo_jax.training.metrics import read_metrics
 

@@ -7,9 +7,10 @@ import pytest
 
 from dapo_jax.data.char_tokenizer import build_char_tokenizer
 from dapo_jax.data.mixture import MixtureStream
-from dapo_jax.training.config import ConfigError, RewardSection, load_config
+from dapo_jax.training.config.run import ConfigError, RewardSection, load_config
 from dapo_jax.training.mixture import MixtureScorer
-from dapo_jax.training.sources import DataError, make_data, make_scorer
+from dapo_jax.training.sources import DataError, make_scorer
+from dapo_jax.training.run_data import make_data
 
 TOK = build_char_tokenizer()
 SOURCES = ("{arith: {weight: 3, train: {name: synthetic, options: {max_operand: 9, heldout_size: 20}}}, "
@@ -28,7 +29,7 @@ def test_the_sources_load_in_order_with_their_weights_and_rewards():
     assert cfg.data.sources["arith"].weight == 3.0 and cfg.data.sources["arith"].reward is None
     assert cfg.data.sources["cot"].reward.functions[0].name == "cot"
     # the saved config reloads to the same mixture (data.train stays at its default)
-    from dapo_jax.training.config import config_from_dict
+    from dapo_jax.training.config.run import config_from_dict
     import yaml
 
     assert config_from_dict(yaml.safe_load(cfg.to_yaml())).data.sources == cfg.data.sources

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from dapo_jax.training.config import load_config
+from dapo_jax.training.config.run import load_config
 from dapo_jax.training.loop import train
 from dapo_jax.training.metrics import read_metrics
 

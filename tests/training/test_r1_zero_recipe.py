@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from dapo_jax.training.config import load_config
+from dapo_jax.training.config.run import load_config
 from dapo_jax.training.metrics import read_metrics
-from dapo_jax.training.sources import make_data
+from dapo_jax.training.run_data import make_data
 
 RECIPE = "qwen2.5-0.5b-gsm8k-r1-zero"
 

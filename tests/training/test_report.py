@@ -5,9 +5,9 @@ import warnings
 import numpy as np
 import pytest
 
-from dapo_jax.training.config import load_config
+from dapo_jax.training.config.run import load_config
 from dapo_jax.training.report import Progress, entropy_shown, nothing_kept, step_row
-from dapo_jax.training.run_state import RunState
+from dapo_jax.training.state.run_state import RunState
 from dapo_jax.training.step import StepResult
 from tests.training.test_rollout import make_groups
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import dapo_jax
-from dapo_jax.training.config import CONFIG_DIR, load_config
+from dapo_jax.training.config.run import CONFIG_DIR, load_config
 from dapo_jax.training.loop import train
 from dapo_jax.training.metrics import read_metrics
 from tests.rewards.conftest import SEPARATOR, make_rm

@@ -5,7 +5,7 @@ import dataclasses
 
 import numpy as np
 
-from dapo_jax.training.run_state import RunState
+from dapo_jax.training.state.run_state import RunState
 from dapo_jax.training.step import StepResult, rl_step
 from tests.training.test_rollout import make_groups
 

@@ -18,12 +18,12 @@ from dapo_jax.data.supervised import SupervisedExample, SupervisedStream
 from dapo_jax.models.config import ModelConfig
 from dapo_jax.models.decoder import Decoder
 from dapo_jax.objectives.registry import load_objective
-from dapo_jax.training.config import find_config, load_config
+from dapo_jax.training.config.run import find_config, load_config
 from dapo_jax.training.loop import load_trained_model, train
 from dapo_jax.training.metrics import read_metrics
-from dapo_jax.training.packed_step import PackedUpdate
+from dapo_jax.training.update.packed_step import PackedUpdate
 from dapo_jax.training.supervised import supervised_groups
-from dapo_jax.training.train_step import Batch, init_train_state, make_train_step
+from dapo_jax.training.update.train_step import Batch, init_train_state, make_train_step
 
 V, S, T = 32, 6, 7
 PAD = 0

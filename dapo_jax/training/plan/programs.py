@@ -1,0 +1,382 @@
+"""The run's programs on abstract inputs: what `dapo-jax plan` lowers, with the layouts the run gives them.
+
+    world = build_world(cfg, model_cfg, mesh)       # nothing allocated: shapes and shardings only
+    world.resident()                                # {"parameters": bytes per device, ...}
+    for job in world.jobs():                        # every program a step runs, ready to lower
+        job.lower()
+
+The model is `nnx.eval_shape`d and its programs come from `training/update/programs.py`'s `build_programs`, the
+function the trainer calls. Every input is a `jax.ShapeDtypeStruct` with the sharding the run gives it:
+parameters (and their optimizer moments) by `models.sharding`'s rules, the critic's trunk likewise and its
+head replicated, batches over ("data", "fsdp"), counters replicated. Inputs the run makes on the host
+(prompts, the rollout's arrays back from the reward functions) have the host's dtypes (int32 ids, float32
+masks and log-probs, bool validity).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from dapo_jax.data.packing import tail_heights
+from dapo_jax.models.decoder import Decoder
+from dapo_jax.models.generation_config import GenerationConfig
+from dapo_jax.models.lora import add_lora
+from dapo_jax.models.sharding import partition_spec, path_str
+from dapo_jax.models.value_head import ValueModel
+from dapo_jax.objectives.process import StepRewards
+from dapo_jax.parallel.mesh import batch_sharding
+from dapo_jax.training.build import sampling_config
+from dapo_jax.training.config.run import RunConfig
+from dapo_jax.training.plan.compile import shard_bytes
+from dapo_jax.training.plan.model_config import critic_model_config
+from dapo_jax.training.plan.reward_models import reward_model_shapes
+from dapo_jax.training.update.critic import Critic
+from dapo_jax.training.update.lora import PolicyWeights
+from dapo_jax.training.update.programs import build_programs, run_optimizer
+from dapo_jax.training.update.train_step import TrainState
+
+
+@dataclasses.dataclass
+class Job:
+    """One program to compile: `fn.lower(*args, **kwargs)` on abstract arguments."""
+
+    name: str
+    phase: str  # rollout | eval rollout | log-prob | update | critic
+    fn: Any  # a jitted function (or jit_keeping_layout)
+    args: tuple
+    kwargs: dict = dataclasses.field(default_factory=dict)
+    resident: tuple = ()  # the arguments (subtrees of args / kwargs) that are resident state
+    held: int = 0  # bytes alive beside it that are not its arguments
+    attention: str = ""
+    shape: str = ""  # what it computes on, in words
+    layered: bool = True  # False: it does not depend on the policy's depth (compiled once, at full size)
+    # the program it is the same computation as, on fewer rows (a shorter packed chunk): it needs at most that
+    # program's memory, so a plan that extrapolates takes that program's figures instead of compiling it
+    bounded_by: str | None = None
+
+    def lower(self):
+        return self.fn.lower(*self.args, **self.kwargs)
+
+
+def _sds(x, sharding):
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+
+def place_params(state, mesh, *, prefix: str = ""):
+    """Abstract parameters laid out by `models.sharding.PARTITION_RULES` (paths below `prefix`; others replicated)."""
+    def place(path, v):
+        name = path_str(path)
+        value = v.get_value() if hasattr(v, "get_value") else v.value
+        if prefix and not name.startswith(prefix):
+            spec = PartitionSpec()
+        else:
+            spec = partition_spec(name[len(prefix):])
+        return v.replace(_sds(value, NamedSharding(mesh, spec)))
+
+    return nnx.map_state(place, state)
+
+
+def like_params(opt_state, params, mesh):
+    """Optimizer-state leaves shaped like the parameters take their shardings (as `tx.init` on sharded
+    parameters gives); the rest (counts) are replicated."""
+    structure = jax.tree.structure(params)
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def is_params(node) -> bool:
+        return jax.tree.structure(node) == structure
+
+    def place(node):
+        if is_params(node):
+            return jax.tree.map(lambda x, p: _sds(x, p.sharding), node, params)
+        return _sds(node, replicated)
+
+    return jax.tree.map(place, opt_state, is_leaf=is_params)
+
+
+@dataclasses.dataclass
+class World:
+    """The abstract state of a run of `model_cfg` on `mesh`, and its programs."""
+
+    cfg: RunConfig
+    model_cfg: Any
+    mesh: Any
+    policy: Any  # training/update/lora.py's PolicyWeights, its frozen base abstract
+    programs: Any  # training/update/programs.py's RunPrograms
+    state: Any  # TrainState, abstract
+    reference: Any  # the reference policy's weights, or None
+    critic_state: Any  # the critic's TrainState, or None
+    reward_models: list = dataclasses.field(default_factory=list)  # training/plan/reward_models.py's RewardModelPlan
+
+    @property
+    def rows(self) -> NamedSharding:
+        return batch_sharding(self.mesh)
+
+    def batched(self, shape, dtype):
+        ways = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        sharding = self.rows if shape and shape[0] % ways == 0 else NamedSharding(self.mesh, PartitionSpec())
+        return jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype), sharding=sharding)
+
+    def lay_out(self, tree):
+        """A program's outputs as the run lays them out: rows over the batch devices."""
+        return jax.tree.map(lambda x: self.batched(x.shape, x.dtype), tree)
+
+    def resident(self) -> dict[str, int]:
+        """Bytes per device the run holds from start to end."""
+        s = self.state
+        return {"parameters": shard_bytes(s.params), "optimizer state": shard_bytes((s.opt_state, s.step, s.skipped)),
+                "frozen base (LoRA)": shard_bytes(self.policy.frozen) if self.policy.frozen is not None else 0,
+                "reference": shard_bytes(self.reference) - self._shared_with_frozen(self.reference),
+                "critic (parameters + optimizer)": shard_bytes(self.critic_state),
+                "reward models (frozen)": sum(rm.param_bytes for rm in self.reward_models)}
+
+    def _shared_with_frozen(self, ref) -> int:
+        """Under LoRA the reference is `(frozen base, zero adapters)`: the base is the policy's own."""
+        return shard_bytes(ref[0]) if isinstance(ref, tuple) else 0
+
+    def sampler_state(self):
+        """What the sampler merges with its graphdef: the parameters, or under LoRA the base with the adapted
+        kernels merged (new arrays while a rollout runs); and which of its leaves are resident (all but
+        the merged kernels)."""
+        if self.policy.frozen is None:
+            return self.state.params, (self.state.params,)
+        merged = place_params(jax.eval_shape(self.policy.sampler, self.state.params), self.mesh)
+        return merged, (_unadapted(merged, self.state.params),)
+
+    def kv_cache(self) -> int:
+        """Bytes per device of the rollout's KV cache: keys and values of every layer for the prompts (once
+        each) and the `G` responses' `T - 1` slots, in the sampler's dtype; rows over the batch devices, KV
+        heads over `tensor` (the k/v projections' columns are split over it)."""
+        r, m, mesh = self.cfg.rollout, self.model_cfg, self.mesh.shape
+        slots = r.gen_batch * self.cfg.data.max_prompt_length + r.gen_batch * r.G * max(r.max_new_tokens - 1, 0)
+        per_slot = 2 * m.num_hidden_layers * m.num_key_value_heads * m.head_dim * jnp.dtype(self.cfg.sampler_dtype).itemsize
+        heads = mesh["tensor"] if m.num_key_value_heads % mesh["tensor"] == 0 else 1
+        return slots * per_slot // (mesh["data"] * mesh["fsdp"] * heads)
+
+    # ------------------------------------------------------------------ the programs
+    def jobs(self) -> list[Job]:
+        """Every program a training step (and an evaluation) compiles, in the order the run first runs them."""
+        cfg, p = self.cfg, self.programs
+        r, s, t = cfg.rollout, cfg.data.max_prompt_length, cfg.rollout.max_new_tokens
+        sampler, sampler_resident = self.sampler_state()
+        key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=NamedSharding(self.mesh, PartitionSpec()))
+        prefill = f"prefill {p.attention['rollout prefill']}, decode with the KV cache"
+        compacted = ", row compaction" if r.compaction else ""  # later decode stages on fewer rows (sampling/compaction.py)
+        jobs = []
+        if p.continuous is None:
+            prompts = (self.batched((r.gen_batch, s), jnp.int32), self.batched((r.gen_batch, s), jnp.int32))
+            jobs.append(Job("rollout", "rollout", p.generate, (sampler, *prompts, key), resident=sampler_resident,
+                            attention=prefill,
+                            shape=f"{r.gen_batch} prompts x {r.G} samples, S {s}, T {t}{compacted}"))
+        else:
+            jobs += self._continuous_jobs(sampler, sampler_resident, key, prefill)
+        for rm in self.reward_models:  # between generation and the advantages, on every rollout and evaluation
+            ids = rm.inputs[0]
+            jobs.append(Job(f"reward model {rm.index}", "reward scoring", rm.score_fn, (rm.params, *rm.inputs),
+                            resident=(rm.params,), layered=False,
+                            shape=f"{ids.shape[0]} rows x {ids.shape[1]} tokens, reward.functions.{rm.index} "
+                                  f"({rm.name}: {rm.path.name})"))
+        if cfg.data.eval is not None:
+            k = cfg.train.eval_k
+            prompts = (self.batched((r.gen_batch, s), jnp.int32), self.batched((r.gen_batch, s), jnp.int32))
+            jobs.append(Job("eval rollout", "eval rollout", p.generate_eval, (sampler, *prompts, key),
+                            resident=sampler_resident, attention=prefill,
+                            shape=f"{r.gen_batch} prompts x {k} samples, S {s}, T {t}{compacted}"))
+        prepare_args, prepare_kwargs = self._prepare_inputs()
+        resident = (prepare_args[0], prepare_args[1], prepare_kwargs.get("critic_params"))
+        jobs.append(Job("prepare", "log-prob", p.prepare, prepare_args, prepare_kwargs, resident=resident,
+                        attention=p.attention["logprob"], shape=self._prepare_words()))
+        batch, critic_batch = self.lay_out(jax.eval_shape(p.prepare, *prepare_args, **prepare_kwargs))
+        jobs += self._update_jobs(batch)
+        if p.critic is not None:
+            cs = self.critic_state
+            jobs.append(Job("critic update", "critic", p.critic.update, (cs, critic_batch), resident=(cs,),
+                            attention=p.attention["critic"],
+                            shape=f"{r.train_batch} prompts x {r.G} responses, S+T {s + t}"))
+        return jobs
+
+    def _prepare_inputs(self):
+        cfg = self.cfg
+        r, s, t = cfg.rollout, cfg.data.max_prompt_length, cfg.rollout.max_new_tokens
+        pb, g = r.train_batch, r.G
+        b = self.batched
+        # with normalize_then_sum the run passes each function's reward, [P, G, K] (training/step.py)
+        parts = (len(cfg.reward.functions),) if cfg.objective_config.multi_reward == "normalize_then_sum" else ()
+        args = (self.policy.trainer(self.state.params), self.reference, b((pb, s), jnp.int32), b((pb, s), jnp.int32),
+                b((pb, g, t), jnp.int32), b((pb, g, t), jnp.float32), b((pb, g, t), jnp.float32),
+                b((pb, g, *parts), jnp.float32), b((pb, g), jnp.bool_))
+        kwargs = {}
+        if cfg.objective_config.needs_step_rewards:
+            kwargs["steps"] = StepRewards(b((pb, g, t), jnp.float32), b((pb, g, t), jnp.int32), b((pb, g, t), jnp.float32))
+        if self.critic_state is not None:
+            kwargs.update(critic_params=self.critic_state.params, correct=b((pb, g), jnp.bool_))
+        return args, kwargs
+
+    def _prepare_words(self) -> str:
+        cfg, passes = self.cfg, []
+        if cfg.recompute_old_logp:
+            passes.append("log pi_old")
+        if self.reference is not None:
+            passes.append("log pi_ref")
+        if self.critic_state is not None:
+            passes.append("critic values")
+        what = " + ".join(passes) if passes else "advantages only"
+        r = cfg.rollout
+        return f"{what}: {r.train_batch} prompts x {r.G} responses, S+T {cfg.data.max_prompt_length + r.max_new_tokens}"
+
+    def _update_jobs(self, batch) -> list[Job]:
+        cfg, p, state = self.cfg, self.programs, self.state
+        o, r = cfg.optim, cfg.rollout
+        kwargs = self.policy.step_kwargs
+        words = f"{o.num_minibatches} mini-batches x {o.micro_batches} micro-batches of {r.train_batch} prompts x {r.G}"
+        if not p.packed:
+            return [Job("update", "update", p.train_step, (state, batch), kwargs, resident=(state, kwargs),
+                        attention=p.attention["update"],
+                        shape=f"{words}, S+T {cfg.data.max_prompt_length + r.max_new_tokens}")]
+        from dapo_jax.data.packing import tail_heights
+
+        step, frozen = p.train_step, self.policy.frozen  # a packed_step.PackedUpdate: its stages, one program each
+        pb, g, t = batch.response_ids.shape
+        rows, tail, length = step.chunk_shape(batch.prompt_ids.shape[1], (pb, g, t))
+        n = o.num_minibatches
+        idx = self.batched((pb // n,), jnp.int32)
+        mini = self.lay_out(jax.eval_shape(step.select, batch, idx))
+        stats = jax.tree.map(lambda x: _sds(x, NamedSharding(self.mesh, PartitionSpec())),
+                             jax.eval_shape(step.start, state.params, mini, frozen))
+        held = shard_bytes(batch)  # the step keeps the prepared batch while its mini-batches run
+
+        def chunk(h):
+            z = self.batched((h, length), jnp.int32)
+            mshape = mini.response_ids.shape
+            return (z, z, z, z, z, self.batched(mshape, jnp.int32), self.batched(mshape, jnp.bool_),
+                    self.batched(mshape[:1], jnp.bool_))
+
+        first = chunk(rows)
+        acc = _with_layout(step.zero_acc(state.params, mini, first, stats, frozen), state.params, self.mesh)
+        carry = (state.params, state.opt_state, state.step, state.skipped)
+        out = step.apply.lower(carry, acc).out_info[1]  # the mini-batch's metrics
+        outs = [jax.tree.map(lambda x: _sds(x, NamedSharding(self.mesh, PartitionSpec())), out)] * n
+        resident = (state.params, frozen)
+        jobs = [Job("update: select", "update", step.select, (batch, idx), held=held,
+                    shape=f"one mini-batch of {pb // n} prompts", layered=False),
+                Job("update: start", "update", step.start, (state.params, mini, frozen), resident=resident,
+                    held=held, attention=p.attention["update"], shape="the mini-batch's entropy statistics")]
+        for h in sorted({rows, *tail_heights(rows, tail)}, reverse=True):
+            c = first if h == rows else chunk(h)
+            jobs.append(Job(f"update: chunk {h}x{length}", "update", step.accumulate,
+                            (acc, state.params, mini, c, stats, frozen), resident=resident, held=held,
+                            attention=p.attention["update"],
+                            shape=f"a packed chunk of {h} rows x {length} tokens (forward + backward)",
+                            bounded_by=None if h == rows else f"update: chunk {rows}x{length}"))
+        jobs.append(Job("update: apply", "update", step.apply, (carry, acc), resident=(carry,), held=held,
+                        shape="the AdamW update of one mini-batch"))
+        jobs.append(Job("update: finish", "update", step.finish, (outs, state.skipped), held=held, layered=False,
+                        shape="the step's metrics"))
+        return jobs
+
+    def _continuous_jobs(self, sampler, sampler_resident, key, prefill) -> list[Job]:
+        cfg, cont = self.cfg, self.programs.continuous
+        k, g = cont.refill, cont.g
+        slots = self.lay_out(jax.eval_shape(cont._empty, sampler))
+        rows = jax.ShapeDtypeStruct((k * g,), jnp.int32, sharding=NamedSharding(self.mesh, PartitionSpec()))
+        ids = jax.ShapeDtypeStruct((k, cont.width), jnp.int32, sharding=NamedSharding(self.mesh, PartitionSpec()))
+        serials = jax.ShapeDtypeStruct((k,), jnp.int32, sharding=NamedSharding(self.mesh, PartitionSpec()))
+        want = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(self.mesh, PartitionSpec()))
+        words = f"{cfg.rollout.gen_batch} x {g} row slots, S {cont.width}, T {cfg.rollout.max_new_tokens}"
+        return [
+            Job("rollout: admit", "rollout", cont._admit, (sampler, slots, rows, ids, ids, key, serials),
+                resident=sampler_resident, attention=prefill, shape=f"{k} prompts into {words}"),
+            Job("rollout: decode", "rollout", cont._decode, (sampler, slots, want), resident=sampler_resident,
+                attention=prefill, shape=f"continuous decode of {words}"),
+        ]
+
+
+def _with_layout(acc, params, mesh):
+    """The packed step's accumulator as `zero_acc` lays it out: the gradient sum like the parameters, the rest replicated."""
+    grads, *rest = acc
+    rep = NamedSharding(mesh, PartitionSpec())
+    return (jax.tree.map(lambda x, p: _sds(x, p.sharding), grads, params),
+            *jax.tree.map(lambda x: _sds(x, rep), tuple(rest)))
+
+
+def _unadapted(merged, adapters) -> list:
+    """The leaves of the sampler's merged state that are the base's own arrays (not the kernels LoRA adapts,
+    which are new arrays during a rollout)."""
+    adapted = {path_str(path).rsplit("/lora/", 1)[0] + "/kernel" for path, _ in nnx.to_flat_state(adapters)
+               if path_str(path).endswith("lora_a")}
+    return [v.get_value() if hasattr(v, "get_value") else v.value for path, v in nnx.to_flat_state(merged)
+            if path_str(path) not in adapted]
+
+
+def fake_tokenizer(model_cfg):
+    """What `build.sampling_config` reads of a tokenizer: no weights or files needed."""
+    return types.SimpleNamespace(pad_token_id=model_cfg.pad_token_id or 0, eos_token_id=None)
+
+
+def build_world(cfg: RunConfig, model_cfg, mesh) -> World:
+    """The abstract run of `model_cfg` on `mesh`: parameters, optimizer state, reference, critic and programs."""
+    objective = cfg.objective_config
+    lora = cfg.lora
+
+    def make():  # the model (with its adapters under LoRA) as the trainer builds it, abstract: nothing computed
+        model = Decoder(model_cfg, rngs=nnx.Rngs(0))
+        if lora is not None:
+            add_lora(model, rank=lora.rank, alpha=lora.alpha, targets=tuple(lora.targets), rngs=nnx.Rngs(cfg.train.seed))
+        return model
+
+    model = nnx.eval_shape(make)
+    policy, params = (PolicyWeights.of_adapted(model, lora) if lora is not None else PolicyWeights.build(model, None))
+    params = place_params(params, mesh)
+    if policy.frozen is not None:
+        policy = dataclasses.replace(policy, frozen=place_params(policy.frozen, mesh))
+    tx, schedule = run_optimizer(cfg)
+    opt_state = like_params(jax.eval_shape(tx.init, params), params, mesh)
+    scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, PartitionSpec()))
+    state = TrainState(params, opt_state, scalar, scalar)
+    reference = None
+    if objective.needs_reference:
+        reference = params if policy.frozen is None else (policy.frozen, params)
+    critic = critic_state = None
+    if objective.uses_critic:
+        critic, critic_state = _abstract_critic(cfg, model_cfg, mesh)
+    gen = GenerationConfig()
+    tok = fake_tokenizer(model_cfg)
+    with jax.set_mesh(mesh):
+        programs = build_programs(cfg, policy=policy, model_cfg=model_cfg, mesh=mesh, tx=tx, schedule=schedule,
+                                  scfg=sampling_config(cfg, tok, model_cfg, generation=gen),
+                                  eval_scfg=sampling_config(cfg, tok, model_cfg, eval_mode=True, generation=gen),
+                                  critic=critic, reward_weights=tuple(float(f.weight) for f in cfg.reward.functions))
+    return World(cfg, model_cfg, mesh, policy, programs, state, reference, critic_state, reward_model_shapes(cfg, mesh))
+
+
+def _abstract_critic(cfg: RunConfig, model_cfg, mesh):
+    """The critic (training/update/critic.py) of an abstract value model: the trunk by the rules, the head replicated."""
+    # the policy's model (at the depth this world is compiled at), or critic.path's when it names another
+    # (make_plan then compiles every layer: the two have no common line in the layers)
+    trunk = critic_model_config(cfg, model_cfg)
+    model = nnx.eval_shape(lambda: ValueModel(Decoder(trunk, rngs=nnx.Rngs(0)), rngs=nnx.Rngs(1)))
+    graphdef, params = nnx.split(model)
+    params = place_params(params, mesh, prefix="trunk/")
+    scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, PartitionSpec()))
+
+    def init(params, tx):
+        return TrainState(params, like_params(jax.eval_shape(tx.init, params), params, mesh), scalar, scalar)
+
+    critic = Critic.from_split(cfg, graphdef, params, init=init)
+    return critic, critic.init_state
+
+
+def num_params(world: World) -> int:
+    """Parameters of the model (the base's, LoRA adapters not counted)."""
+    state = world.policy.frozen if world.policy.frozen is not None else world.state.params
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(state))
+
+
+__all__ = ["Job", "World", "build_world", "fake_tokenizer", "like_params", "num_params", "place_params"]
