@@ -175,8 +175,11 @@ class PackedUpdate:
                 first = jax.tree.leaves(params)[0].sharding
                 rep = (NamedSharding(first.mesh, PartitionSpec()) if isinstance(first, NamedSharding) else first)
                 layout = (jax.tree.map(lambda x: x.sharding, params), rep, rep, rep, rep)
-                self._zero = jax.jit(lambda params: (*zero_sums(params), {k: _identity(k) for k in names}),
-                                     out_shardings=layout)
+
+                def zero_accumulator(params):
+                    return (*zero_sums(params), {k: _identity(k) for k in names})
+
+                self._zero = jax.jit(zero_accumulator, out_shardings=layout)
         if isinstance(jax.tree.leaves(params)[0], jax.ShapeDtypeStruct):
             return jax.eval_shape(self._zero, params)
         return self._zero(params)
