@@ -6,7 +6,7 @@
 (the `qwen2.5-0.5b-gsm8k-dapo` recipe's batch: 96 prompts x G 8 sampled, 32 of them trained on in 2
 mini-batches of 4 micro-batches each, 512 new tokens). The step's programs are the trainer's own:
 `make_generate` samples `--gen-prompts` prompts x G, `make_logprob_fn` recomputes log π_old over the
-`--prompts` kept, and `make_packed_train_step` runs the `--minibatches` updates. What is not the
+`--prompts` kept, and `PackedUpdate` runs the `--minibatches` updates. What is not the
 trainer's: the weights are random, so no response ends before `--train-new-tokens` (the sampler runs
 with no EOS: every row decodes the whole length, the recipe's worst case) and the rewards would mean
 nothing; each response gets an advantage of +1 or -1 instead (what group normalisation gives a group
@@ -29,7 +29,7 @@ from dapo_jax.parallel.host import to_global
 from dapo_jax.parallel.mesh import batch_sharding
 from dapo_jax.sampling import SamplingConfig, make_generate
 from dapo_jax.training.config.run import OptimSection
-from dapo_jax.training.update.packed_step import make_packed_train_step
+from dapo_jax.training.update.packed_step import PackedUpdate
 from dapo_jax.training.update.train_step import Batch, init_train_state, make_logprob_fn, make_optimizer
 
 
@@ -52,8 +52,8 @@ def phase_dapo_step(args, cfg, mesh, graphdef, params, n_params: int) -> dict:
     generate = make_generate(graphdef, SamplingConfig(max_new_tokens=t, temperature=1.0, eos_token_ids=(),
                                                       pad_token_id=0), g)
     logprob = make_logprob_fn(graphdef, temperature=1.0)
-    update = make_packed_train_step(graphdef, tx, schedule, objective=objective, put=put,
-                                    micro_batches=args.micro_batches, share_prompts=share)
+    update = PackedUpdate(graphdef, tx, schedule, objective=objective, put=put,
+                          micro_batches=args.micro_batches, share_prompts=share)
     per_mini = p // args.minibatches
 
     def step(state, key) -> tuple[object, dict, dict]:

@@ -8,7 +8,7 @@
 The model is Qwen2.5-0.5B's config.json (`step_memory.QWEN25_05B`; `--model 1.5b`: Qwen2.5-1.5B's) with random weights: bf16
 compute, float32 master weights, `remat: dots_saveable`, as the recipe `qwen2.5-0.5b-gsm8k-dapo`.
 Each phase runs in a process of its own, so its peak memory is its own:
-- `train`: one DAPO update (the packed one, by `training/update/programs.py`'s `make_update` as the loop builds it, in `--micro-batches` micro-batches
+- `train`: one DAPO update (`PackedUpdate`, built by `training/update/programs.py`'s `make_update` as the loop builds it, in `--micro-batches` micro-batches
   as the recipe's 4) on `--prompts` prompts of `--prompt-len` tokens x G = `--group` responses of ragged
   lengths (uniform in 1..`--train-new-tokens`),
   the median of `--steps` timed steps after one untimed. MFU = model FLOPs / step time / the device's

@@ -1,6 +1,6 @@
 """Update time packed vs unpacked on the cot_dapo shapes (P=16 prompts x G=8, S=48, T=144, 2 mini-batches)
 with the shipped cot_base model and a synthetic length distribution (prompts 10-45 tokens, responses
-uniform in [18, MAX_LEN]): the same batch through `make_train_step` and `make_packed_train_step` (the
+uniform in [18, MAX_LEN]): the same batch through `make_train_step` and `PackedUpdate` (the
 trainer's default: shared prompts, tails of R/2; and each response after its own prompt,
 with half-height tails and with none).
 
@@ -22,7 +22,7 @@ from benchmarks.harness import median
 from dapo_jax.models.hf_io import load_pretrained
 from dapo_jax.objectives.registry import load_objective
 from dapo_jax.training.config.run import OptimSection
-from dapo_jax.training.update.packed_step import default_chunk_rows, make_packed_train_step, packing_stats
+from dapo_jax.training.update.packed_step import PackedUpdate, default_chunk_rows, packing_stats
 from dapo_jax.training.update.train_step import Batch, init_train_state, make_optimizer, make_train_step
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,8 +63,8 @@ def main():
     print(f"real tokens {st['real_tokens']}, unpacked positions {st['unpacked_positions']} "
           f"({st['unpacked_chunks']} chunks of {P // 2 * G} x {S + T}), mean response {rlen.mean():.1f} of {T}")
     for name, (tail, share) in variants.items():
-        steps[name] = make_packed_train_step(graphdef, tx, schedule, chunk_rows=a.rows, tail_rows=tail,
-                                             share_prompts=share, **kw)
+        steps[name] = PackedUpdate(graphdef, tx, schedule, chunk_rows=a.rows, tail_rows=tail,
+                                   share_prompts=share, **kw)
         st = steps[name].packing_stats(batch)
         print(f"{name}: {st['packed_tokens']} tokens laid out in {st['packed_positions']} positions "
               f"({st['chunks']} chunks, {st['tail_chunks']} of them tails of fewer than {rows} rows x {S + T})")

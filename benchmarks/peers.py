@@ -154,7 +154,7 @@ def has_packing() -> bool:
     from dapo_jax.training.config.run import OptimSection
 
     try:
-        from dapo_jax.training.update.packed_step import make_packed_train_step  # noqa: F401
+        from dapo_jax.training.update.packed_step import PackedUpdate  # noqa: F401
     except ImportError:
         return False
     return "packing" in OptimSection.model_fields
@@ -179,7 +179,7 @@ def default_fast_paths(w: Workload) -> tuple[bool, bool]:
 
 
 def run_ours(model_dir: Path, w: Workload, info: dict, *, packing: bool, compaction: bool) -> dict:
-    """The trainer's own functions (make_generate, make_train_step or make_packed_train_step,
+    """The trainer's own functions (make_generate, make_train_step or PackedUpdate,
     compute_advantages), as the loop calls them, on a one-device mesh as the loop builds it."""
     import jax
 

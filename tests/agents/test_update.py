@@ -120,14 +120,45 @@ def test_tool_ids_are_context_without_loss(stepped):
                for x, y in zip(jax.tree.leaves(first), jax.tree.leaves(blind)))
 
 
-def test_the_packed_update_refuses_episodes():
-    """It packs trained tokens only: an episode's tool ids would silently leave the context."""
-    from dapo_jax.training.update.packed_step import make_packed_train_step
+def episodes(obj, rewards):
+    """Four groups of two episodes (`arrays` of two seeds): the model's ids between tool ids."""
+    a, b = arrays(0), arrays(1)
+    return episode_batch({k: np.concatenate([a[k], b[k]]) for k in a}, rewards, objective=obj, group_size=2).batch
 
-    graphdef, state = nnx.split(random_decoder())
-    obj = load_objective("grpo", kl_beta=0.0)
-    tx = optax.sgd(0.1)
-    step = make_packed_train_step(graphdef, tx, optax.constant_schedule(0.1), objective=obj)
-    batch = episode_batch(arrays(), np.array([1.0, 0.0, 0.0, 1.0]), objective=obj, group_size=2).batch
-    with pytest.raises(ValueError, match="packed update does not take agent episodes"):
-        step(init_train_state(state, tx), batch)
+
+PACKED = [  # (recipe, overrides, num_minibatches, micro_batches)
+    ("grpo", {"kl_beta": 0.0}, 1, 1),
+    ("grpo", {"kl_beta": 0.0}, 1, 2),
+    # the truncated episodes' model ids leave the loss (overlong filtering): context with no loss at all;
+    # batch-level entropy statistics from the no-gradient pass, an entropy bonus
+    ("dapo", {"overlong_buffer": 2, "max_response_length": 7, "overlong_filtering": True,
+              "dynamic_sampling": False, "high_entropy_quantile": 0.5, "entropy_coef": 0.01}, 2, 2),
+]
+
+
+@pytest.mark.parametrize("name,overrides,n,m", PACKED, ids=[f"{c[0]}-{c[2]}x{c[3]}" for c in PACKED])
+def test_the_packed_update_trains_episodes_as_the_unpacked(name, overrides, n, m):
+    """Tool ids are in the packed rows (the forward attends to them) and out of the loss: the same loss,
+    metrics and gradient (sgd(1): new params = params - grad) as the unpacked update."""
+    from dapo_jax.training.update.packed_step import PackedUpdate
+
+    obj = load_objective(name, **overrides)
+    batch = episodes(obj, np.array([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0]))
+    graphdef, params = nnx.split(random_decoder())
+    tx, schedule = optax.sgd(1.0), optax.constant_schedule(1.0)
+    kw = dict(objective=obj, num_minibatches=n, micro_batches=m)
+    unpacked = make_train_step(graphdef, tx, schedule, **kw)
+    packed = PackedUpdate(graphdef, tx, schedule, chunk_rows=2, **kw)  # a chunk per group
+    state_u, met_u = unpacked(init_train_state(jax.tree.map(jnp.copy, params), tx), batch)
+    state_p, met_p = packed(init_train_state(jax.tree.map(jnp.copy, params), tx), batch)
+    assert sorted(met_u) == sorted(met_p)
+    for k in met_u:
+        np.testing.assert_allclose(np.asarray(met_p[k]), np.asarray(met_u[k]), rtol=1e-5, atol=1e-6, err_msg=k)
+    assert float(met_u["update_applied"]) == 1.0 and float(met_u["loss"]) != 0.0
+    assert float(met_p["update_tokens"]) == float(np.asarray(batch.response_mask).sum())  # model ids only
+    for a, b in zip(jax.tree.leaves(state_u.params), jax.tree.leaves(state_p.params)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6)
+    # every id of an episode's context is laid out: its prompt's and its context mask's (tool ids included)
+    ctx = np.asarray(batch.context_mask).sum(-1)
+    want = int(((np.asarray(batch.prompt_mask).sum(-1)[:, None] + ctx) * (ctx > 0)).sum())
+    assert packed.packing_stats(batch)["real_tokens"] == want > int(np.asarray(batch.response_mask).sum())

@@ -4,7 +4,7 @@ import warnings
 
 import pytest
 
-from dapo_jax.training.config.run import ConfigError, load_config
+from dapo_jax.training.config.run import ConfigError, load_config, resolve
 
 
 def cfg(*overrides):
@@ -18,7 +18,7 @@ def test_the_recipe_resolves_the_episode_budget_and_engine_sizes():
     assert c.objective_config.max_response_length == 24  # L_max of the overlong shaping, in model ids
     assert c.agent_cache_slots == 8 + 24 + 3 * 8  # prompt + episode + one append chunk per turn
     assert cfg("agent.cache_slots=100").agent_cache_slots == 100
-    assert not c.optim.packing
+    assert resolve(c).optim.packing  # episodes pack like single turns (tool ids as context)
     assert load_config("tiny_dapo").response_tokens == load_config("tiny_dapo").rollout.max_new_tokens
 
 
@@ -46,16 +46,11 @@ def test_unknown_agent_key_suggests_the_near_one():
         cfg("agent.max_tool_token=3")
 
 
-def test_explicit_packing_runs_unpacked_and_says_so_in_one_line():
+def test_agent_runs_choose_the_packed_update_unless_told_otherwise():
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        c = cfg("optim.packing=true")
-    assert not c.optim.packing
-    lines = [str(w.message) for w in seen if "optim.packing" in str(w.message)]
-    assert len(lines) == 1 and "\n" not in lines[0] and "unpacked" in lines[0]
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        cfg()  # unset: chosen quietly
+        assert resolve(cfg()).optim.packing is True
+        assert resolve(cfg("optim.packing=false")).optim.packing is False
     assert not [w for w in seen if "optim.packing" in str(w.message)]
 
 

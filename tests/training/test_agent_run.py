@@ -16,7 +16,7 @@ from flax import nnx
 
 from dapo_jax.show import show_rollouts
 from dapo_jax.training.state.checkpoint import Checkpointer
-from dapo_jax.training.config.run import ConfigError, load_config
+from dapo_jax.training.config.run import ConfigError, load_config, resolve
 from dapo_jax.training.loop import load_trained_model, train
 from dapo_jax.training.metrics import read_metrics
 
@@ -48,7 +48,7 @@ def agent_run(tmp_path_factory):
 
 def test_episodes_train_through_the_loop_with_agent_metrics(agent_run):
     cfg, run_dir, final = agent_run
-    assert not cfg.optim.packing  # the unpacked update takes the context mask
+    assert resolve(cfg).optim.packing  # the packed update, tool ids packed as context
     rows = read_metrics(run_dir)
     steps = [r for r in rows if "grad_norm" in r]
     assert [r["step"] for r in steps] == [1, 2]
@@ -98,6 +98,20 @@ def test_resume_mid_run_equals_the_uninterrupted_run_bit_for_bit(agent_run, tmp_
     rows_b = [r for r in read_metrics(straight) if "grad_norm" in r]
     for key in ("reward_mean", "agent/turns_mean", "agent/model_tokens_mean", "loss"):
         assert [r[key] for r in rows_a] == [r[key] for r in rows_b], key
+
+
+def test_the_unpacked_update_trains_the_same_first_step(agent_run, tmp_path):
+    """Step 1 plays the same episodes with the same parameters; packed (the fixture's run) and unpacked updates
+    of them agree to float tolerance."""
+    _, straight, _ = agent_run
+    run_dir = tmp_path / "unpacked"
+    train(load_config("tiny_agent_calc", overrides(run_dir, **{"train.steps": 1, "optim.packing": "false"})))
+    a = [r for r in read_metrics(run_dir) if "grad_norm" in r][0]
+    b = [r for r in read_metrics(straight) if "grad_norm" in r][0]
+    assert a["reward_mean"] == b["reward_mean"] and a["agent/model_tokens_mean"] == b["agent/model_tokens_mean"]
+    assert a["update_tokens"] == b["update_tokens"]
+    for key in ("loss", "grad_norm", "entropy"):
+        np.testing.assert_allclose(a[key], b[key], rtol=1e-4, atol=1e-6, err_msg=key)
 
 
 def test_a_bad_environment_is_one_line_before_the_model_loads(tmp_path):

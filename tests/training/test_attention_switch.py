@@ -14,7 +14,7 @@ from flax import nnx
 from dapo_jax.models import Decoder
 from dapo_jax.models.attention import pallas_interpret
 from dapo_jax.objectives.registry import load_objective
-from dapo_jax.training.update.packed_step import make_packed_train_step
+from dapo_jax.training.update.packed_step import PackedUpdate
 from dapo_jax.training.update.train_step import init_train_state, make_train_step
 from tests.models.test_decoder import CONFIGS, make_model
 from tests.training.update import test_packed_step as packed_cases
@@ -98,7 +98,7 @@ def test_update_is_unchanged_by_the_implementation(packed):
         model = packed_cases.tiny_model()
         model = Decoder(model.config.replace(attention=impl), rngs=nnx.Rngs(0))
         graphdef, params = nnx.split(model)
-        factory = make_packed_train_step if packed else make_train_step
+        factory = PackedUpdate if packed else make_train_step
         kw = dict(chunk_rows=packed_cases.G, share_prompts=True) if packed else {}
         step = factory(graphdef, tx, schedule, objective=objective, num_minibatches=2, **kw)
         results[impl] = step(init_train_state(params, tx), batch)
@@ -184,8 +184,8 @@ def test_each_kernel_runs_through_the_trainers_programs_in_sequence(impl):
             graphdef, params = nnx.split(model)
             logp = jax.jit(lambda p: response_logprobs(nnx.merge(graphdef, p), *prompts, flat(batch.response_ids),
                                                        flat(batch.response_mask)))(params)
-            packed = make_packed_train_step(graphdef, tx, schedule, objective=objective, num_minibatches=2,
-                                            chunk_rows=packed_cases.G, share_prompts=False)
+            packed = PackedUpdate(graphdef, tx, schedule, objective=objective, num_minibatches=2,
+                                  chunk_rows=packed_cases.G, share_prompts=False)
             unpacked = make_train_step(graphdef, tx, schedule, objective=objective, num_minibatches=2)
             fresh = lambda: init_train_state(jax.tree.map(jnp.copy, params), tx)  # noqa: E731 (the step donates it)
             steps = [step(fresh(), batch) for step in (packed, unpacked)]

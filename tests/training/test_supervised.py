@@ -21,7 +21,7 @@ from dapo_jax.objectives.registry import load_objective
 from dapo_jax.training.config.run import find_config, load_config
 from dapo_jax.training.loop import load_trained_model, train
 from dapo_jax.training.metrics import read_metrics
-from dapo_jax.training.update.packed_step import make_packed_train_step
+from dapo_jax.training.update.packed_step import PackedUpdate
 from dapo_jax.training.supervised import supervised_groups
 from dapo_jax.training.update.train_step import Batch, init_train_state, make_train_step
 
@@ -75,8 +75,7 @@ def steps(n=1, m=1, lr=0.1):
     graphdef, params = nnx.split(tiny_model())
     tx, schedule = optax.sgd(lr), optax.constant_schedule(lr)  # new params = params - lr * grad
     kw = dict(objective=load_objective("sft"), num_minibatches=n, micro_batches=m)
-    return params, tx, make_train_step(graphdef, tx, schedule, **kw), make_packed_train_step(graphdef, tx, schedule,
-                                                                                             **kw)
+    return params, tx, make_train_step(graphdef, tx, schedule, **kw), PackedUpdate(graphdef, tx, schedule, **kw)
 
 
 def leaves(state):

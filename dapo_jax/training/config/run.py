@@ -667,12 +667,8 @@ def resolve(cfg: RunConfig) -> RunConfig:
     names is kept; a resolved config resolves to itself."""
     r, o = cfg.rollout, cfg.optim
     update = {}
-    if cfg.agent is not None and o.packing:  # episodes carry a context mask the packed update does not take yet
-        warnings.warn("optim.packing=true: an agent run's episodes carry tool ids as context, which the packed "
-                      "update does not take yet; the unpacked update runs (same result)", UserWarning, stacklevel=2)
-    if o.packing is None or (cfg.agent is not None and o.packing):
-        packing = cfg.objective_config.kind != "gdpo" and cfg.agent is None
-        update["optim"] = o.model_copy(update={"packing": packing})
+    if o.packing is None:
+        update["optim"] = o.model_copy(update={"packing": cfg.objective_config.kind != "gdpo"})
     if r.compaction is None:
         halves = (r.gen_batch * r.G) // 2 >= r.compaction_min_rows
         update["rollout"] = r.model_copy(update={"compaction": not r.continuous and halves})

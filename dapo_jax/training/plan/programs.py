@@ -279,15 +279,16 @@ class World:
             return [Job("update", "update", p.train_step, (state, batch), kwargs, resident=(state, kwargs),
                         attention=p.attention["update"],
                         shape=f"{words}, S+T {cfg.data.max_prompt_length + r.max_new_tokens}")]
-        step = p.train_step
-        progs, frozen = step.programs, self.policy.frozen
+        from dapo_jax.data.packing import tail_heights
+
+        step, frozen = p.train_step, self.policy.frozen  # a packed_step.PackedUpdate: its stages, one program each
         pb, g, t = batch.response_ids.shape
         rows, tail, length = step.chunk_shape(batch.prompt_ids.shape[1], (pb, g, t))
         n = o.num_minibatches
         idx = self.batched((pb // n,), jnp.int32)
-        mini = self.lay_out(jax.eval_shape(progs["select"], batch, idx))
+        mini = self.lay_out(jax.eval_shape(step.select, batch, idx))
         stats = jax.tree.map(lambda x: _sds(x, NamedSharding(self.mesh, PartitionSpec())),
-                             jax.eval_shape(progs["start"], state.params, mini, frozen))
+                             jax.eval_shape(step.start, state.params, mini, frozen))
         stats = (with_entropy_coef(stats[0], coef), stats[1])
         held = shard_bytes(batch)  # the step keeps the prepared batch while its mini-batches run
 
@@ -298,25 +299,25 @@ class World:
                     self.batched(mshape[:1], jnp.bool_))
 
         first = chunk(rows)
-        acc = _with_layout(progs["zero_acc"](state.params, mini, first, stats, frozen), state.params, self.mesh)
+        acc = _with_layout(step.zero_acc(state.params, mini, first, stats, frozen), state.params, self.mesh)
         carry = (state.params, state.opt_state, state.step, state.skipped)
-        out = progs["apply"].lower(carry, acc).out_info[1]  # the mini-batch's metrics
+        out = step.apply.lower(carry, acc).out_info[1]  # the mini-batch's metrics
         outs = [jax.tree.map(lambda x: _sds(x, NamedSharding(self.mesh, PartitionSpec())), out)] * n
         resident = (state.params, frozen)
-        jobs = [Job("update: select", "update", progs["select"], (batch, idx), held=held,
+        jobs = [Job("update: select", "update", step.select, (batch, idx), held=held,
                     shape=f"one mini-batch of {pb // n} prompts", layered=False),
-                Job("update: start", "update", progs["start"], (state.params, mini, frozen), resident=resident,
+                Job("update: start", "update", step.start, (state.params, mini, frozen), resident=resident,
                     held=held, attention=p.attention["update"], shape="the mini-batch's entropy statistics")]
         for h in sorted({rows, *tail_heights(rows, tail)}, reverse=True):
             c = first if h == rows else chunk(h)
-            jobs.append(Job(f"update: chunk {h}x{length}", "update", progs["accumulate"],
+            jobs.append(Job(f"update: chunk {h}x{length}", "update", step.accumulate,
                             (acc, state.params, mini, c, stats, frozen), resident=resident, held=held,
                             attention=p.attention["update"],
                             shape=f"a packed chunk of {h} rows x {length} tokens (forward + backward)",
                             bounded_by=None if h == rows else f"update: chunk {rows}x{length}"))
-        jobs.append(Job("update: apply", "update", progs["apply"], (carry, acc), resident=(carry,), held=held,
+        jobs.append(Job("update: apply", "update", step.apply, (carry, acc), resident=(carry,), held=held,
                         shape="the AdamW update of one mini-batch"))
-        jobs.append(Job("update: finish", "update", progs["finish"], (outs, state.skipped), held=held, layered=False,
+        jobs.append(Job("update: finish", "update", step.finish, (outs, state.skipped), held=held, layered=False,
                         shape="the step's metrics"))
         return jobs
 

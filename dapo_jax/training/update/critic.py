@@ -35,8 +35,9 @@ from dapo_jax.objectives.nll import nll_weights
 from dapo_jax.objectives.registry import AGGREGATIONS
 from dapo_jax.parallel.mesh import jit_keeping_layout
 from dapo_jax.training.config.run import resolve_path
-from dapo_jax.training.update.train_step import (Batch, TrainState, _split, finite_update, init_train_state,
-                                                 make_optimizer, map_prompt_chunks)
+from dapo_jax.training.update.accumulate import finite_update, scan_pieces, zero_sums
+from dapo_jax.training.update.train_step import (Batch, TrainState, _split, init_train_state, make_optimizer,
+                                                 map_prompt_chunks)
 
 
 class CriticBatch(NamedTuple):
@@ -78,19 +79,11 @@ def make_critic_step(graphdef, tx: optax.GradientTransformation, schedule: optax
     def micro_loss(params, cb: CriticBatch):
         v = critic_values(graphdef, params, cb.prompt_ids, cb.prompt_mask, cb.response_ids, cb.response_mask)
         loss_sum, den, metrics = value_loss(v, cb.old_values, cb.returns, cb.response_mask, clip_eps=clip_eps)
-        return loss_sum, (den, metrics)
-
-    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+        return loss_sum, (den, metrics, {})
 
     def minibatch_update(carry, mini: CriticBatch):
         params, opt_state, step, skipped = carry
-
-        def accumulate(acc, mb):
-            (loss_sum, (den, metrics)), grads = grad_fn(params, mb)
-            return jax.tree.map(jnp.add, acc, (grads, loss_sum, den)), metrics
-
-        zeros = (jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
-        (gsum, loss_sum, den), metrics = jax.lax.scan(accumulate, zeros, mini)
+        (gsum, loss_sum, den, _), metrics = scan_pieces(micro_loss, params, mini, zero_sums(params, extra=()))
         # Σ∇loss_sum / Σden: the exact token mean
         params, opt_state, grad_norm, finite, apply = finite_update(tx, gsum, den, opt_state, params,
                                                                     finite=jnp.isfinite(loss_sum))

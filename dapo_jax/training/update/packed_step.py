@@ -1,17 +1,18 @@
 """The policy update on packed sequences: its work follows the real token count, not P·G·(S+T).
 
-    step = make_packed_train_step(graphdef, tx, schedule, objective=..., num_minibatches=..., ...)
-    state, metrics = step(state, batch)        # same Batch, same TrainState, same metrics as train_step
+    update = PackedUpdate(graphdef, tx, schedule, objective=..., num_minibatches=..., ...)
+    state, metrics = update(state, batch)      # same Batch, same TrainState, same metrics as train_step
 
 Each mini-batch (the same prompts as `train_step`'s) is packed on the host (`data/packing.py`) into
 chunks of a fixed `[R, L]` shape (and a shorter one, `[R/2, L]` by default, for what the
 last chunk would hold, when it takes fewer rows: `data/packing.pack_with_tail`): whole groups, each
 (prompt, response) sequence's real tokens end to end in a row, the responses of a group in one row
 after one copy of its prompt (`share_prompts`), attention kept within a sequence by the decoder's
-`segment_ids` and `branch_ids`. A jitted function
-adds one chunk's `∇loss_sum`, `loss_sum`, `den` and metrics to an accumulator; the number of chunks
-varies from step to step, so the chunks run from a host loop (one compilation whatever the count),
-then one jitted `apply_accumulated` makes the mini-batch's optimizer update.
+`segment_ids` and `branch_ids`. A jitted stage (`accumulate`)
+adds one chunk's `∇loss_sum`, `loss_sum`, `den` and metrics to an accumulator (training/update/accumulate.py,
+the core the unpacked and critic updates share); the number of chunks varies from step to step, so the
+chunks run from a host loop (one compilation whatever the count), then one jitted `apply_accumulated`
+makes the mini-batch's optimizer update.
 
 Exactness: the chunk's per-token log-probs / entropies are gathered back into the mini-batch's
 `[P, G, T]` layout (0 elsewhere, as `response_logprobs` gives on padding) and the objective
@@ -22,12 +23,16 @@ is either computed before the update (advantages) or inside one group, which a c
 so Σ_chunks equals the unpacked mini-batch's sums; the batch-level entropy statistics (high-entropy
 quantile, EDGE-GRPO's normaliser, Clip-Cov / KL-Cov's covariance statistics) come from the same unpacked
 no-gradient pass as `train_step`'s, and so do the entropies and log-probs every chunk's objective compares
-with them (`train_step.with_pass_values`).
+with them (`accumulate.with_pass_values`).
 Sequences whose response mask is all zero carry no loss and are not computed at all.
+Agent episodes (a `context_mask`: tool and template tokens the forward attends to, with no loss) are
+packed by their context mask, every context token in the row, and trained by their response mask: the
+log-probs, entropies and token counts of context-only tokens are 0, as `train_step.batch_logprobs` gives.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Callable
 
 import jax
@@ -43,9 +48,9 @@ from dapo_jax.objectives.loss import objective_terms
 from dapo_jax.parallel.host import to_host
 from dapo_jax.parallel.mesh import committed, jit_keeping_layout
 from dapo_jax.training.update.compile_ahead import compiled_outputs
-from dapo_jax.training.update.train_step import (Batch, TrainState, _joined, apply_accumulated, batch_level_statistics,
-                                                 batch_statistics_of, policy_logprobs, step_metrics,
-                                                 with_entropy_coef, with_pass_values)
+from dapo_jax.training.update.accumulate import add_sums, apply_accumulated, policy_sums, step_metrics, zero_sums
+from dapo_jax.training.update.train_step import (Batch, TrainState, _joined, batch_level_statistics, batch_logprobs,
+                                         batch_statistics_of, with_entropy_coef)
 
 
 def packed_logprobs(model, tokens, segment_ids, positions, targets, *, temperature, branch_ids=None):
@@ -63,13 +68,16 @@ def minibatch_prompts(num_prompts: int, num_minibatches: int, micro_batches: int
     return [np.sort(rows[:, i, :].ravel()) for i in range(n)]
 
 
-def make_packed_train_step(
-    graphdef, tx, schedule, *, objective, num_minibatches: int = 1, micro_batches: int = 1,
-    temperature: float = 1.0, use_ref: bool = False, loss_terms: Callable | None = None,
-    chunk_rows: int | None = None, row_length: int | None = None, put: Callable | None = None,
-    row_multiple: int = 1, tail_rows: int | None = None, share_prompts: bool = True,
-) -> Callable[[TrainState, Batch], tuple[TrainState, dict]]:
-    """`step(state, batch) -> (state, metrics)` equal to `make_train_step`'s (to float tolerance).
+class PackedUpdate:
+    """`update(state, batch, frozen=None) -> (state, metrics)` equal to `make_train_step`'s (to float tolerance).
+
+    A step runs its stages, each a jitted program, per mini-batch from a host loop:
+
+        mini = update.select(batch, prompt_indices)               # the mini-batch's rows, on the device
+        stats = update.start(params, mini, frozen, step)          # its batch-level statistics
+        acc = update.accumulate(acc, params, mini, chunk, stats, frozen)[0]   # per packed chunk, from `zero_acc`
+        carry, out = update.apply(carry, acc)                     # the optimizer update
+        metrics = update.finish(outs, skipped)                    # the step's metrics, after the last
 
     chunk_rows: rows R of a packed chunk (default `default_chunk_rows`: half a micro-batch's responses,
       so a mini-batch of short responses takes one or two half-size chunks, not one full one);
@@ -80,170 +88,167 @@ def make_packed_train_step(
       0 = none). Every chunk shape compiles at the first step, whether or not it is used then.
     share_prompts: a group's responses in one row share one copy of the prompt (`data/packing.py`).
     """
-    if loss_terms is None:
-        loss_terms = objective_terms
-    put = put or jnp.asarray
-    quantile = getattr(objective, "high_entropy_quantile", None)
-    eda = bool(getattr(objective, "entropy_driven_advantage", False))
-    stats_fn, policy_pass = batch_statistics_of(objective, loss_terms)
 
-    def chunk_loss(params, mini: Batch, chunk, stats, frozen=None):
-        stats, pass_values = stats  # the statistics and the per-token values `[P, G, T]` of the no-gradient pass
-        pass_values = pass_values or {}
-        tokens, segs, pos, targets, branches, index, valid, groups = chunk
-        model = nnx.merge(graphdef, frozen, params) if frozen is not None else nnx.merge(graphdef, params)
-        logp, entropy = packed_logprobs(model, tokens, segs, pos, targets, temperature=temperature,
-                                        branch_ids=branches if share_prompts else None)  # splash takes none
-        logp = jnp.where(valid, logp.reshape(-1)[index], 0.0)
-        entropy = with_pass_values(jnp.where(valid, entropy.reshape(-1)[index], 0.0), pass_values.get("entropy"))
-        logp = with_pass_values(logp, pass_values.get("logp"))  # Clip-Cov / KL-Cov: the pass's values
-        mask = mini.response_mask * groups[:, None, None].astype(mini.response_mask.dtype)
-        extra_terms = dict(stats)
-        if "priority" in pass_values:
-            extra_terms["priority"] = pass_values["priority"]
-        if mini.behaviour_logp is not None:
-            extra_terms["behaviour_logp"] = mini.behaviour_logp
-        if mini.nll_weight is not None:
-            extra_terms["nll_weight"] = mini.nll_weight * groups[:, None, None]
-        loss_sum, den, metrics = loss_terms(
-            objective, logp=logp, old_logp=mini.old_logp, advantages=mini.advantages, mask=mask,
-            ref_logp=mini.ref_logp if use_ref else None, entropy=entropy, **extra_terms,
-        )
-        m = mask.astype(jnp.float32)
-        extra = {"entropy_sum": jnp.sum(jax.lax.stop_gradient(entropy) * m), "tokens": jnp.sum(m)}
-        return loss_sum, (den, metrics, extra)
+    def __init__(self, graphdef, tx, schedule, *, objective, num_minibatches: int = 1, micro_batches: int = 1,
+                 temperature: float = 1.0, use_ref: bool = False, loss_terms: Callable | None = None,
+                 chunk_rows: int | None = None, row_length: int | None = None, put: Callable | None = None,
+                 row_multiple: int = 1, tail_rows: int | None = None, share_prompts: bool = True):
+        loss_terms = loss_terms or objective_terms
+        self.graphdef, self.objective, self.loss_terms = graphdef, objective, loss_terms
+        self.num_minibatches, self.micro_batches = num_minibatches, micro_batches
+        self.temperature, self.use_ref, self.share_prompts = temperature, use_ref, share_prompts
+        self.chunk_rows, self.row_length, self.tail_rows = chunk_rows, row_length, tail_rows
+        self.row_multiple = row_multiple
+        self.put = put or jnp.asarray
+        self._quantile = getattr(objective, "high_entropy_quantile", None)
+        self._eda = bool(getattr(objective, "entropy_driven_advantage", False))
+        self._stats_fn, self._policy_pass = batch_statistics_of(objective, loss_terms)
+        self._zero = None  # zero_acc's program: built at its first call, from a chunk's metric names
+        self._zero_lock = threading.Lock()  # one program, also when `precompile` runs on another thread
+        self._all_heights_run = False  # the first step runs every chunk height, used or not
 
-    grad_fn = jax.value_and_grad(chunk_loss, has_aux=True)
+        self.select = jax.jit(lambda batch, idx: jax.tree.map(lambda x: jnp.take(x, idx, axis=0), batch))
+        self.start = jax.jit(self._start)
+        # the accumulator is fed back chunk after chunk (and donated: added to in place); it keeps the layout
+        # zero_acc gave it, so no chunk compiles again on a mesh
+        self.accumulate = jit_keeping_layout(self._add_chunk, donate_argnums=0)
+        # the carry (parameters, moments) is donated: the update is written over it, in place
+        self.apply = jit_keeping_layout(lambda carry, acc: apply_accumulated(tx, schedule, carry, *acc),
+                                        donate_argnums=0)
+        self.finish = jax.jit(lambda outs, skipped: step_metrics(jax.tree.map(lambda *x: jnp.stack(x), *outs),
+                                                                 skipped))
 
-    def add_chunk(acc, params, mini, chunk, stats, frozen):
-        (loss_sum, (den, metrics, extra)), grads = grad_fn(params, mini, chunk, stats, frozen)
-        gsum, lsum, dsum, esum, msum = acc
-        add = lambda a, b: jax.tree.map(jnp.add, a, b)  # noqa: E731
-        return (add(gsum, grads), lsum + loss_sum, dsum + den, add(esum, extra), combine_metrics([msum, metrics])), None
+    def chunk_shape(self, prompt_len: int, response_shape) -> tuple[int, int, int]:
+        """(R, tail step, L) of the chunks of a batch of `[P, S]` prompts and `[P, G, T]` responses."""
+        return _chunk_shape(prompt_len, response_shape, self.num_minibatches * self.micro_batches, self.chunk_rows,
+                            self.tail_rows, self.row_length, self.row_multiple)
 
-    # the accumulator is fed back chunk after chunk (and donated: added to in place); it keeps the layout
-    # zero_acc gave it, so no chunk compiles again on a mesh
-    accumulate = jit_keeping_layout(add_chunk, donate_argnums=0)
+    def packing_stats(self, batch) -> dict:
+        """`packing_stats` of `batch` as this update packs it."""
+        return packing_stats(batch, self.num_minibatches, self.micro_batches, self.chunk_rows, self.row_length,
+                             self.row_multiple, self.tail_rows, self.share_prompts)
 
-    @jax.jit
-    def start(params, mini: Batch, frozen, step=None):
+    def _start(self, params, mini: Batch, frozen, step=None):
         """The mini-batch's batch-level statistics (`batch_level_statistics`, as the unpacked update) and the
         per-token values `[P, G, T]` they were taken from (entropy, logp, priority; None when not needed)."""
         def logprobs():
-            p = mini.response_ids.shape[0]
-            split = jax.tree.map(lambda x: x.reshape(micro_batches, p // micro_batches, *x.shape[1:]), mini)
+            p, m = mini.response_ids.shape[0], self.micro_batches
+            split = jax.tree.map(lambda x: x.reshape(m, p // m, *x.shape[1:]), mini)
             return jax.tree.map(lambda x: x.reshape(mini.response_mask.shape), jax.lax.stop_gradient(
-                jax.lax.map(lambda mb: policy_logprobs(
-                    graphdef, _joined(frozen, params), mb.prompt_ids, mb.prompt_mask, mb.response_ids,
-                    mb.response_mask, temperature=temperature), split)))
+                jax.lax.map(lambda mb: batch_logprobs(self.graphdef, _joined(frozen, params), mb,
+                                                      temperature=self.temperature), split)))
 
-        return batch_level_statistics(mini, logprobs, objective=objective, stats_fn=stats_fn, quantile=quantile,
-                                      eda=eda, policy_pass=policy_pass, step=step)
+        return batch_level_statistics(mini, logprobs, objective=self.objective, stats_fn=self._stats_fn,
+                                      quantile=self._quantile, eda=self._eda, policy_pass=self._policy_pass, step=step)
 
-    zeros = []
+    def _chunk_loss(self, params, mini: Batch, chunk, stats, frozen=None):
+        """`policy_sums` of one packed chunk: its log-probs / entropies gathered back into the mini-batch's
+        `[P, G, T]` layout (0 elsewhere), the loss mask restricted to the chunk's groups."""
+        stats, pass_values = stats  # the statistics and the per-token values `[P, G, T]` of the no-gradient pass
+        tokens, segs, pos, targets, branches, index, valid, groups = chunk
+        model = nnx.merge(self.graphdef, frozen, params) if frozen is not None else nnx.merge(self.graphdef, params)
+        logp, entropy = packed_logprobs(model, tokens, segs, pos, targets, temperature=self.temperature,
+                                        branch_ids=branches if self.share_prompts else None)  # splash takes none
+        if mini.context_mask is not None:  # an episode: its context-only tokens are in the forward, not the loss
+            valid = valid & (mini.response_mask > 0)
+        logp = jnp.where(valid, logp.reshape(-1)[index], 0.0)
+        entropy = jnp.where(valid, entropy.reshape(-1)[index], 0.0)
+        in_chunk = groups[:, None, None]
+        return policy_sums(self.loss_terms, self.objective, mini, logp, entropy,
+                           mask=mini.response_mask * in_chunk.astype(mini.response_mask.dtype),
+                           nll_weight=None if mini.nll_weight is None else mini.nll_weight * in_chunk,
+                           stats=stats, pass_values=pass_values or {}, use_ref=self.use_ref)
 
-    def zero_acc(params, mini, chunk, stats, frozen):
-        """A zero accumulator: the gradient sum laid out as the parameters, the sums and metrics replicated
-        on their mesh (built by one jitted function, compiled once)."""
-        if not zeros:  # the metrics' names, from a trace (nothing compiles)
-            names = jax.eval_shape(lambda *a: chunk_loss(*a)[1][1], params, mini, chunk, stats, frozen)
-            first = jax.tree.leaves(params)[0].sharding
-            rep = (NamedSharding(first.mesh, PartitionSpec()) if isinstance(first, NamedSharding) else first)
+    def _add_chunk(self, acc, params, mini, chunk, stats, frozen):
+        (loss_sum, (den, metrics, extra)), grads = jax.value_and_grad(self._chunk_loss, has_aux=True)(
+            params, mini, chunk, stats, frozen)
+        *sums, msum = acc
+        return (*add_sums(tuple(sums), grads, loss_sum, den, extra), combine_metrics([msum, metrics])), None
 
-            def build(params):
-                zero = lambda: jnp.zeros((), jnp.float32)  # noqa: E731
-                return (jax.tree.map(jnp.zeros_like, params), zero(), zero(), {"entropy_sum": zero(), "tokens": zero()},
-                        {k: _identity(k) for k in names})
+    def zero_acc(self, params, mini, chunk, stats, frozen):
+        """A zero accumulator (`zero_sums` and the metrics' neutral pairs): the gradient sum laid out as the
+        parameters, the sums and metrics replicated on their mesh (one jitted program, compiled once).
+        Abstract `params` (`jax.ShapeDtypeStruct`s, `dapo-jax plan`): its shapes and layouts."""
+        with self._zero_lock:
+            if self._zero is None:  # the metrics' names, from a trace (nothing compiles)
+                names = jax.eval_shape(lambda *a: self._chunk_loss(*a)[1][1], params, mini, chunk, stats, frozen)
+                first = jax.tree.leaves(params)[0].sharding
+                rep = (NamedSharding(first.mesh, PartitionSpec()) if isinstance(first, NamedSharding) else first)
+                layout = (jax.tree.map(lambda x: x.sharding, params), rep, rep, rep, rep)
 
-            layout = (jax.tree.map(lambda x: x.sharding, params), rep, rep, rep, rep)
-            zeros.append(jax.jit(build, out_shardings=layout))
-        if isinstance(jax.tree.leaves(params)[0], jax.ShapeDtypeStruct):  # `dapo-jax plan`: its shape and layout
-            return jax.eval_shape(zeros[0], params)
-        return zeros[0](params)
+                def zero_accumulator(params):
+                    return (*zero_sums(params), {k: _identity(k) for k in names})
 
-    select = jax.jit(lambda batch, idx: jax.tree.map(lambda x: jnp.take(x, idx, axis=0), batch))
-    # the carry (parameters, moments) is donated: the update is written over it, in place
-    apply = jit_keeping_layout(lambda carry, acc: apply_accumulated(tx, schedule, carry, *acc), donate_argnums=0)
-    finish = jax.jit(lambda outs, skipped: step_metrics(jax.tree.map(lambda *x: jnp.stack(x), *outs), skipped))
+                self._zero = jax.jit(zero_accumulator, out_shardings=layout)
+        if isinstance(jax.tree.leaves(params)[0], jax.ShapeDtypeStruct):
+            return jax.eval_shape(self._zero, params)
+        return self._zero(params)
 
-    def step(state: TrainState, batch: Batch, frozen=None, entropy_coef=None):
+    def __call__(self, state: TrainState, batch: Batch, frozen=None, entropy_coef=None):
         """`frozen`: weights merged with `state.params` but not trained (LoRA's base), `entropy_coef` the
         adaptive entropy coefficient α_k, as train_step's."""
-        nonlocal first_call
-
-        if batch.context_mask is not None:  # it packs the trained tokens only: a tool answer would vanish
-            raise ValueError("the packed update does not take agent episodes (a context_mask) yet: "
-                             "set optim.packing=false")
         state = committed(state)  # the chunks compile for the layout `apply` hands back (parallel/mesh.py)
-        host = to_host((batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask))
-        p = host[2].shape[0]
-        rows, tail, length = _chunk_shape(host[0].shape[1], host[2].shape, num_minibatches * micro_batches,
-                                          chunk_rows, tail_rows, row_length, row_multiple)
+        host = to_host((batch.prompt_ids, batch.prompt_mask, batch.response_ids, _context(batch)))
+        rows, tail, length = self.chunk_shape(host[0].shape[1], host[2].shape)
         carry, outs = (state.params, state.opt_state, state.step, state.skipped), []
-        for idx in minibatch_prompts(p, num_minibatches, micro_batches):
-            mini = select(batch, put(idx.astype(np.int32)))
+        for idx in minibatch_prompts(host[2].shape[0], self.num_minibatches, self.micro_batches):
+            mini = self.select(batch, self.put(idx.astype(np.int32)))
             chunks = pack_with_tail(*(x[idx] for x in host), rows=rows, tail_rows=tail, length=length,
-                                    share_prompts=share_prompts)
-            stats = start(carry[0], mini, frozen, carry[2])
+                                    share_prompts=self.share_prompts)  # on the host: one at a time on the device
+            stats = self.start(carry[0], mini, frozen, carry[2])
             stats = (with_entropy_coef(stats[0], entropy_coef), stats[1])
-            for r in ({rows, *tail_heights(rows, tail)} - {c.tokens.shape[0] for c in chunks}) if first_call else ():
-                # every chunk shape compiles at the first step, used or not, with each mini-batch's parameter
+            if not self._all_heights_run:
+                # every chunk height compiles at the first step, used or not, with each mini-batch's parameter
                 # layout (the first mini-batch's come from the caller, the next from `apply`)
-                empty = tuple(put(x) for x in _empty_chunk(r, length, host[2][idx].shape))
-                accumulate(zero_acc(carry[0], mini, empty, stats, frozen), carry[0], mini, empty, stats, frozen)
+                for r in {rows, *tail_heights(rows, tail)} - {c.tokens.shape[0] for c in chunks}:
+                    empty = self._empty(r, length, idx.size, host[2].shape)
+                    self.accumulate(self.zero_acc(carry[0], mini, empty, stats, frozen), carry[0], mini, empty,
+                                    stats, frozen)
             acc = None
             for chunk in chunks:
-                chunk = tuple(put(x) for x in chunk)
-                acc = acc if acc is not None else zero_acc(carry[0], mini, chunk, stats, frozen)
-                acc, _ = accumulate(acc, carry[0], mini, chunk, stats, frozen)
+                chunk = tuple(self.put(x) for x in chunk)
+                acc = acc if acc is not None else self.zero_acc(carry[0], mini, chunk, stats, frozen)
+                acc, _ = self.accumulate(acc, carry[0], mini, chunk, stats, frozen)
             if acc is None:  # nothing to train on in this mini-batch: no update, as unpacked
-                acc = zero_acc(carry[0], mini, tuple(put(x) for x in _empty_chunk(rows, length, host[2][idx].shape)),
-                               stats, frozen)
-            carry, out = apply(carry, acc)
+                acc = self.zero_acc(carry[0], mini, self._empty(rows, length, idx.size, host[2].shape), stats, frozen)
+            carry, out = self.apply(carry, acc)
             outs.append(out)
-        first_call = False
-        params, opt_state, stp, skipped = carry
-        return TrainState(params, opt_state, stp, skipped), finish(outs, skipped)
+        self._all_heights_run = True
+        return TrainState(*carry), self.finish(outs, carry[3])
 
-    def precompile(state: TrainState, batch: Batch, frozen=None, entropy_coef=None) -> list:
-        """What `step(state, batch, frozen)` compiles at its first call, for `batch` given by its shapes and
+    def _empty(self, rows: int, length: int, prompts: int, response_shape) -> tuple:
+        """An empty chunk of `rows` x `length` for a mini-batch of `prompts` prompts, on the device."""
+        return tuple(self.put(x) for x in _empty_chunk(rows, length, (prompts, *response_shape[1:])))
+
+    def precompile(self, state: TrainState, batch: Batch, frozen=None, entropy_coef=None) -> list:
+        """What `update(state, batch, frozen)` compiles at its first call, for `batch` given by its shapes and
         layouts (`jax.ShapeDtypeStruct`s, training/update/compile_ahead.py): the small programs here, then the
-        chunk heights and the update as `(name, compile)` jobs. `step` then finds every program compiled;
+        chunk heights and the update as `(name, compile)` jobs. The update then finds every program compiled;
         its first call still runs the chunk heights its batch does not use, on empty chunks."""
         state = committed(state)
-        p, g, t = batch.response_ids.shape
-        rows, tail, length = _chunk_shape(batch.prompt_ids.shape[1], (p, g, t), num_minibatches * micro_batches,
-                                          chunk_rows, tail_rows, row_length, row_multiple)
-        idx = put(minibatch_prompts(p, num_minibatches, micro_batches)[0].astype(np.int32))
-        mini = compiled_outputs(select, batch, idx)
-        stats = compiled_outputs(start, state.params, mini, frozen, state.step)
+        p = batch.response_ids.shape[0]
+        rows, tail, length = self.chunk_shape(batch.prompt_ids.shape[1], batch.response_ids.shape)
+        idx = self.put(minibatch_prompts(p, self.num_minibatches, self.micro_batches)[0].astype(np.int32))
+        mini = compiled_outputs(self.select, batch, idx)
+        stats = compiled_outputs(self.start, state.params, mini, frozen, state.step)
         stats = (with_entropy_coef(stats[0], entropy_coef), stats[1])
-        zero_acc(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state.params),
-                 mini, tuple(put(x) for x in _empty_chunk(rows, length, mini.response_ids.shape)), stats, frozen)
-        acc = compiled_outputs(zeros[0], state.params)  # zero_acc's program, as it lays the accumulator out
+        pm = mini.response_ids.shape[0]
+        self.zero_acc(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                                   state.params), mini, self._empty(rows, length, pm, batch.response_ids.shape),
+                      stats, frozen)
+        acc = compiled_outputs(self._zero, state.params)  # zero_acc's program, as it lays the accumulator out
         carry = (state.params, state.opt_state, state.step, state.skipped)
 
         def chunk(r):
-            empty = tuple(put(x) for x in _empty_chunk(r, length, mini.response_ids.shape))
-            return lambda: accumulate.lower(acc, state.params, mini, empty, stats, frozen).compile()
+            empty = self._empty(r, length, pm, batch.response_ids.shape)
+            return lambda: self.accumulate.lower(acc, state.params, mini, empty, stats, frozen).compile()
 
         def update():
-            out = compiled_outputs(apply, carry, acc)[1]
-            finish.lower([out] * num_minibatches, state.skipped).compile()
+            out = compiled_outputs(self.apply, carry, acc)[1]
+            self.finish.lower([out] * self.num_minibatches, state.skipped).compile()
 
         heights = sorted({rows, *tail_heights(rows, tail)}, reverse=True)
         return [(f"update: chunk {r}x{length}", chunk(r)) for r in heights] + [("update: apply", update)]
-
-    first_call = True
-    step.precompile = precompile
-    step.packing_stats = lambda batch: packing_stats(batch, num_minibatches, micro_batches, chunk_rows, row_length,
-                                                     row_multiple, tail_rows, share_prompts)
-    # what `dapo-jax plan` compiles (training/plan/memory.py): the jitted programs a step runs, and its chunk shapes
-    step.programs = {"select": select, "start": start, "zero_acc": zero_acc, "accumulate": accumulate, "apply": apply,
-                     "finish": finish}
-    step.chunk_shape = lambda prompt_len, response_shape: _chunk_shape(
-        prompt_len, response_shape, num_minibatches * micro_batches, chunk_rows, tail_rows, row_length, row_multiple)
-    return step
 
 
 def default_chunk_rows(micro_batch_rows: int, group_size: int, multiple: int = 1) -> int:
@@ -286,6 +291,11 @@ def _identity(name: str):
     return jnp.full((), v, jnp.float32), jnp.zeros((), jnp.float32)
 
 
+def _context(batch):
+    """The `[P, G, T]` mask of the tokens a sequence holds (its context mask, else its response mask)."""
+    return batch.response_mask if batch.context_mask is None else batch.context_mask
+
+
 def _empty_chunk(rows: int, length: int, shape) -> tuple:
     z = np.zeros((rows, length), np.int32)
     return (z, z, z, z, z, np.zeros(shape, np.int32), np.zeros(shape, bool), np.zeros(shape[0], bool))
@@ -293,10 +303,11 @@ def _empty_chunk(rows: int, length: int, shape) -> tuple:
 
 def packing_stats(batch, num_minibatches: int, micro_batches: int, chunk_rows=None, row_length=None,
                   row_multiple: int = 1, tail_rows: int | None = None, share_prompts: bool = True) -> dict:
-    """Host-side counts: real tokens (each sequence's prompt and response), the tokens laid out in the packed
-    rows (fewer with shared prompts), the positions the unpacked and the packed update compute, chunks."""
+    """Host-side counts: real tokens (each sequence's prompt and response, its context with an episode's
+    `context_mask`), the tokens laid out in the packed rows (fewer with shared prompts), the positions the
+    unpacked and the packed update compute, chunks."""
     pids, pmask, rids, rmask = (np.asarray(x) for x in (batch.prompt_ids, batch.prompt_mask, batch.response_ids,
-                                                          batch.response_mask))
+                                                          _context(batch)))
     p, g, t = rids.shape
     rows, tail, length = _chunk_shape(pids.shape[1], rids.shape, num_minibatches * micro_batches, chunk_rows,
                                       tail_rows, row_length, row_multiple)

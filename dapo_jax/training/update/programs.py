@@ -46,7 +46,7 @@ from dapo_jax.sampling.continuous import ContinuousSampler, default_refill
 from dapo_jax.sampling.sampler import make_generate, shard_batch
 from dapo_jax.training.config.run import ConfigError, RunConfig, is_resolved
 from dapo_jax.training.rollout import Groups
-from dapo_jax.training.update.packed_step import make_packed_train_step
+from dapo_jax.training.update.packed_step import PackedUpdate
 from dapo_jax.training.update.train_step import (Batch, make_logprob_fn, make_optimizer, make_train_step,
                                                  map_prompt_chunks)
 
@@ -90,7 +90,7 @@ def make_update(graphdef, tx, schedule, *, objective, optim, temperature: float,
     packed = {} if not optim.packing else {
         "chunk_rows": optim.packing_rows, "tail_rows": optim.packing_tail_rows, "share_prompts": share,
         "row_multiple": batch_divisor(mesh), "put": lambda x: to_global(x, batch_sharding(mesh))}
-    train_step = (make_packed_train_step if optim.packing else make_train_step)(
+    train_step = (PackedUpdate if optim.packing else make_train_step)(
         graphdef, tx, schedule, objective=objective, num_minibatches=optim.num_minibatches,
         micro_batches=optim.micro_batches, temperature=temperature, use_ref=use_ref, **packed)
     return train_step, share

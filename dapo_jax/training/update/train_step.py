@@ -41,11 +41,12 @@ from flax import nnx
 
 from dapo_jax.models.logprobs import response_logprobs
 from dapo_jax.objectives import loss
-from dapo_jax.objectives.diagnostics import combine_stacked, finalize_metrics
+from dapo_jax.objectives.diagnostics import combine_stacked
 from dapo_jax.objectives.entropy_advantage import entropy_normaliser
 from dapo_jax.objectives.loss import STATISTICS_KEY
 from dapo_jax.objectives.policy_loss import high_entropy_threshold
 from dapo_jax.parallel.mesh import jit_keeping_layout
+from dapo_jax.training.update.accumulate import apply_accumulated, policy_sums, scan_pieces, step_metrics, zero_sums
 
 
 class TrainState(NamedTuple):
@@ -159,12 +160,6 @@ def _joined(frozen, params):
     return params if frozen is None else (frozen, params)
 
 
-def tree_all_finite(tree) -> jax.Array:
-    """True when every inexact leaf of `tree` is finite (integer leaves, e.g. Adam's count, are ignored)."""
-    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
-    return jnp.all(jnp.stack(leaves)) if leaves else jnp.array(True)
-
-
 def _split(x: jax.Array, num_minibatches: int, micro_batches: int) -> jax.Array:
     """`[P, ...]` -> `[num_minibatches, micro_batches, P/(n*m), ...]`, prompt `r` in micro-batch `r mod (n*m)`.
 
@@ -221,28 +216,6 @@ def make_train_step(
     eda = bool(getattr(objective, "entropy_driven_advantage", False))
     stats_fn, policy_pass = batch_statistics_of(objective, loss_terms)
 
-    def micro_loss(params, mb: Batch, entropy_stats, frozen=None, pass_values=None):
-        logp, entropy = batch_logprobs(graphdef, _joined(frozen, params), mb, temperature=temperature)
-        pass_values = pass_values or {}
-        entropy = with_pass_values(entropy, pass_values.get("entropy"))
-        logp = with_pass_values(logp, pass_values.get("logp"))
-        extra_terms = dict(entropy_stats)  # the batch-level statistics the objective uses, if any
-        if "priority" in pass_values:
-            extra_terms["priority"] = pass_values["priority"]
-        if mb.behaviour_logp is not None:
-            extra_terms["behaviour_logp"] = mb.behaviour_logp
-        if mb.nll_weight is not None:
-            extra_terms["nll_weight"] = mb.nll_weight
-        loss_sum, den, metrics = loss_terms(
-            objective, logp=logp, old_logp=mb.old_logp, advantages=mb.advantages, mask=mb.response_mask,
-            ref_logp=mb.ref_logp if use_ref else None, entropy=entropy, **extra_terms,
-        )
-        mask = mb.response_mask.astype(jnp.float32)
-        extra = {"entropy_sum": jnp.sum(jax.lax.stop_gradient(entropy) * mask), "tokens": jnp.sum(mask)}
-        return loss_sum, (den, metrics, extra)
-
-    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
-
     def entropy_stats(params, mini: Batch, frozen=None, step=None):
         """Batch-level statistics over every valid token of the mini-batch (all its micro-batches, and
         all devices under jit's sharding): `batch_level_statistics` of one extra forward pass, without
@@ -257,19 +230,13 @@ def make_train_step(
         stats, pass_values = entropy_stats(params, mini, frozen, carry[2])
         stats = with_entropy_coef(stats, entropy_coef)
 
-        def accumulate(acc, xs):
-            mb, h = xs
-            (loss_sum, (den, metrics, extra)), grads = grad_fn(params, mb, stats, frozen, h)
-            acc = jax.tree.map(jnp.add, acc, (grads, loss_sum, den, extra))
-            return acc, metrics
+        def micro_loss(params, piece):
+            mb, values = piece  # a micro-batch and its values of the no-gradient pass (or None)
+            logp, entropy = batch_logprobs(graphdef, _joined(frozen, params), mb, temperature=temperature)
+            return policy_sums(loss_terms, objective, mb, logp, entropy, mask=mb.response_mask,
+                               nll_weight=mb.nll_weight, stats=stats, pass_values=values or {}, use_ref=use_ref)
 
-        zeros = (
-            jax.tree.map(jnp.zeros_like, params),
-            jnp.zeros((), jnp.float32),
-            jnp.zeros((), jnp.float32),
-            {"entropy_sum": jnp.zeros((), jnp.float32), "tokens": jnp.zeros((), jnp.float32)},
-        )
-        (gsum, loss_sum, den, extra), metrics = jax.lax.scan(accumulate, zeros, (mini, pass_values))
+        (gsum, loss_sum, den, extra), metrics = scan_pieces(micro_loss, params, (mini, pass_values), zero_sums(params))
         return apply_accumulated(tx, schedule, carry, gsum, loss_sum, den, extra, combine_stacked(metrics))
 
     def step_fn(state: TrainState, batch: Batch, frozen=None, entropy_coef=None):
@@ -311,70 +278,3 @@ def with_entropy_coef(stats: dict, entropy_coef) -> dict:
     """The batch-level statistics with the step's adaptive entropy coefficient α_k added (the objective's
     `entropy_coef` keyword), or as they are when there is none."""
     return stats if entropy_coef is None else {**stats, "entropy_coef": entropy_coef}
-
-
-def with_pass_values(entropy, pass_entropy):
-    """`entropy` with the values of `pass_entropy` (the no-gradient pass's, that the batch-level
-    statistics came from) and its own derivative: `h_pass + (h - stop_gradient(h))`, exactly `h_pass`
-    in value (`h - h` is 0 for finite h). `pass_entropy` None: `entropy` as it is."""
-    if pass_entropy is None:
-        return entropy
-    return pass_entropy + (entropy - jax.lax.stop_gradient(entropy))
-
-
-def finite_update(tx, gsum, den, opt_state, params, *, finite):
-    """One optimizer step on the exact normalised gradient `Σ∇loss_sum / Σden`, applied only when
-    `den > 0` and `finite` and the gradient norm and the new parameters and moments are all finite.
-    Returns `(params, opt_state, grad_norm, finite, applied)`, `finite` folding in every check.
-
-    Two passes over the update: the first only reduces the new state to one "all finite" bit, the
-    second recomputes it inside `lax.cond` and writes it over the donated state. Keeping the new and
-    old state side by side for a `jnp.where` costs a second copy of the parameters and both moments
-    (0.48 GiB of the 2.29 GiB of temporaries of a 2-layer Qwen2.5-0.5B-shaped update).
-    """
-    safe_den = jnp.maximum(den, 1e-8)  # den is constant in the params
-    grads = jax.tree.map(lambda g: g / safe_den.astype(g.dtype), gsum)
-    grad_norm = optax.tree.norm(grads)
-
-    def updated():
-        updates, new_opt = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), new_opt
-
-    finite = finite & jnp.isfinite(grad_norm) & tree_all_finite(updated())
-    applied = finite & (den > 0)
-    params, opt_state = jax.lax.cond(applied, updated, lambda: (params, opt_state))
-    return params, opt_state, grad_norm, finite, applied
-
-
-def apply_accumulated(tx, schedule, carry, gsum, loss_sum, den, extra, objective_metrics):
-    """One optimizer update from a mini-batch's accumulated `Σ∇loss_sum`, `Σloss_sum`, `Σden` (and
-    `extra` = entropy_sum / tokens, `objective_metrics` = its combined (value, count) pairs);
-    `carry` = (params, opt_state, step, skipped). Returns (carry, the mini-batch's metrics)."""
-    params, opt_state, step, skipped = carry
-    # Σ∇loss_sum / Σden: the exact global normaliser (den is constant in the params).
-    loss = loss_sum / jnp.maximum(den, 1e-8)
-    params, opt_state, grad_norm, finite, apply = finite_update(tx, gsum, den, opt_state, params,
-                                                                finite=jnp.isfinite(loss))
-    out = {
-        "loss": loss,
-        **{f"objective/{k}": v for k, v in objective_metrics.items()},
-        "grad_norm": grad_norm,
-        "learning_rate": schedule(step),
-        "update_applied": apply.astype(jnp.float32),
-        "nonfinite_updates": (~finite).astype(jnp.float32),
-        "entropy": extra["entropy_sum"] / jnp.maximum(extra["tokens"], 1.0),
-        "update_tokens": extra["tokens"],
-    }
-    return (params, opt_state, step + 1, skipped + (~finite).astype(jnp.int32)), out
-
-
-def step_metrics(per_mini: dict, skipped) -> dict:
-    """The step's metrics from the mini-batches' (stacked along a leading axis)."""
-    pairs = {k[len("objective/"):]: v for k, v in per_mini.items() if k.startswith("objective/")}
-    metrics = {k: jnp.mean(v) for k, v in per_mini.items() if not k.startswith("objective/")}
-    metrics.update(finalize_metrics(combine_stacked(pairs)))
-    metrics["update_tokens"] = jnp.sum(per_mini["update_tokens"])
-    metrics["nonfinite_updates"] = jnp.sum(per_mini["nonfinite_updates"])
-    metrics["grad_norm_max"] = jnp.max(per_mini["grad_norm"])
-    metrics["skipped_total"] = skipped
-    return metrics

@@ -226,13 +226,12 @@ def test_a_partial_critic_section_takes_optims_values_for_the_keys_it_does_not_n
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
 def test_every_recipe_resolves_to_the_fast_exact_paths(path):
     """A recipe that leaves optim.packing / rollout.compaction unset gets both (they compute the same update and
-    rollout as the plain paths); what a recipe names is kept. An agent recipe's episodes carry a context mask
-    the packed update does not take yet: it runs unpacked."""
+    rollout as the plain paths); what a recipe names is kept."""
     raw = yaml.safe_load(path.read_text())
     cfg = resolve(load_config(path))
     named_packing = (raw.get("optim") or {}).get("packing")
     named_compaction = (raw.get("rollout") or {}).get("compaction")
-    assert cfg.optim.packing is ((True if named_packing is None else named_packing) and "agent" not in raw)
+    assert cfg.optim.packing is (True if named_packing is None else named_packing)
     halves = cfg.rollout.gen_batch * cfg.rollout.G // 2 >= cfg.rollout.compaction_min_rows
     expected = (not cfg.rollout.continuous and halves) if named_compaction is None else named_compaction
     assert cfg.rollout.compaction is expected

@@ -115,9 +115,9 @@ def test_the_run_compiles_none_of_the_programs_compiled_ahead(tiny_model_dir, tm
     main = compiles.on("MainThread")
     assert ahead_names.count("generate_fn") == 1 and "prepare" in ahead_names
     assert main.count("generate_fn") == 1  # the evaluation's sampler; the rollout's was compiled ahead
-    for name in ("prepare", "add_chunk", "build", "start", "step_fn"):
+    for name in ("prepare", "_add_chunk", "zero_accumulator", "_start", "step_fn"):  # PackedUpdate's stages
         assert name not in main, (name, main)
     if extra == ["optim.packing=true"]:
-        assert ahead_names.count("add_chunk") == 2  # a program per chunk height (R and the R/2 tail), each once
+        assert ahead_names.count("_add_chunk") == 2  # a program per chunk height (R and the R/2 tail), each once
     else:
         assert "step_fn" in ahead_names

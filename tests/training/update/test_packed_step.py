@@ -14,8 +14,8 @@ from dapo_jax.models.config import ModelConfig
 from dapo_jax.models.decoder import Decoder
 from dapo_jax.objectives.registry import load_objective
 from dapo_jax.training.metrics import compile_count
-from dapo_jax.training.update.packed_step import (default_chunk_rows, default_tail_rows, make_packed_train_step,
-                                                  packed_logprobs, packing_stats)
+from dapo_jax.training.update.packed_step import (PackedUpdate, default_chunk_rows, default_tail_rows,
+                                          packed_logprobs, packing_stats)
 from dapo_jax.training.update.train_step import Batch, init_train_state, make_train_step
 
 P, G, S, T, V = 4, 3, 5, 6, 32
@@ -56,7 +56,7 @@ def _steps(objective, n, m, rows):
     kw = dict(objective=objective, num_minibatches=n, micro_batches=m,
               use_ref=objective.needs_reference and objective.kl_in == "loss")
     return (params, tx, make_train_step(graphdef, tx, schedule, **kw),
-            make_packed_train_step(graphdef, tx, schedule, chunk_rows=rows, **kw))
+            PackedUpdate(graphdef, tx, schedule, chunk_rows=rows, **kw))
 
 
 def _fields(objective, batch):
@@ -104,8 +104,8 @@ def test_tail_chunks_change_no_result(tail, share):
     batch = _fields(objective, make_batch(0))  # 3 chunks of 3 rows without a tail; 1 or 2 tails with one
     params, tx, unpacked, _ = _steps(objective, 2, 1, G)
     graphdef = nnx.graphdef(tiny_model())
-    packed = make_packed_train_step(graphdef, tx, optax.constant_schedule(0.1), objective=objective,
-                                    num_minibatches=2, chunk_rows=G, tail_rows=tail, share_prompts=share)
+    packed = PackedUpdate(graphdef, tx, optax.constant_schedule(0.1), objective=objective,
+                          num_minibatches=2, chunk_rows=G, tail_rows=tail, share_prompts=share)
     stats = packed.packing_stats(batch)
     assert (stats["tail_chunks"] > 0) == (tail > 0), stats
     state_u, met_u = unpacked(init_train_state(jax.tree.map(jnp.copy, params), tx), batch)
@@ -131,7 +131,7 @@ def test_lora_packed_update_equals_unpacked():
     tx = optax.sgd(0.1)
     kw = dict(objective=objective, num_minibatches=2, micro_batches=1)
     unpacked = make_train_step(policy.graphdef, tx, optax.constant_schedule(0.1), **kw)
-    packed = make_packed_train_step(policy.graphdef, tx, optax.constant_schedule(0.1), chunk_rows=G, **kw)
+    packed = PackedUpdate(policy.graphdef, tx, optax.constant_schedule(0.1), chunk_rows=G, **kw)
     state_u, met_u = unpacked(init_train_state(jax.tree.map(jnp.copy, adapters), tx), batch, policy.frozen)
     state_p, met_p = packed(init_train_state(adapters, tx), batch, policy.frozen)
     for k in met_u:
@@ -196,7 +196,7 @@ def test_uncommitted_params_compile_nothing_at_step_2(packed, num_minibatches):
     objective = load_objective("dapo")
     batch = _fields(objective, make_batch(0))
     tx = optax.adam(1e-3)
-    make = make_packed_train_step if packed else make_train_step
+    make = PackedUpdate if packed else make_train_step
     step = make(graphdef, tx, optax.constant_schedule(1e-3), objective=objective, num_minibatches=num_minibatches)
     state = init_train_state(params, tx)
     state, metrics = step(state, batch)
@@ -312,8 +312,8 @@ def test_packed_tied_entropies_keep_the_same_tokens_at_every_micro_batching_and_
             state = jax.device_put(state, NamedSharding(mesh, PartitionSpec()))
             b = jax.device_put(batch, batch_sharding(mesh))
             kw = {"put": lambda x: to_global(x, batch_sharding(mesh)), "row_multiple": 2}
-        packed = make_packed_train_step(graphdef, tx, optax.constant_schedule(0.1), objective=objective,
-                                        micro_batches=micro, chunk_rows=ties.G, **kw)
+        packed = PackedUpdate(graphdef, tx, optax.constant_schedule(0.1), objective=objective,
+                              micro_batches=micro, chunk_rows=ties.G, **kw)
         with jax.set_mesh(mesh) if on_mesh else contextlib.nullcontext():
             state, metrics = packed(state, b)
         where = f"micro_batches={micro}{' on 2 devices' if on_mesh else ''}"

@@ -54,7 +54,7 @@ def test_plan_compiles_the_programs_a_step_compiles(config, extra, compiles, tmp
     ran = compiles.seen
     names = {name for name, _ in planned}
     assert {"jit(generate_fn)", "jit(prepare)"} <= names
-    assert names & {"jit(step_fn)", "jit(add_chunk)"}, names
+    assert names & {"jit(step_fn)", "jit(_add_chunk)"}, names  # the unpacked update, or the packed one's chunks
     assert planned <= ran, sorted(planned - ran)  # everything the plan compiled, the run compiled
     # and every program of those names the run compiled (each shape: each packed chunk height), the plan did
     # (jax.jit(lambda ...) programs share one name with the run's small host-side helpers: checked above only)
