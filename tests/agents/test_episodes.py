@@ -209,10 +209,11 @@ def test_same_key_same_episodes_and_no_recompilation_across_turn_counts(random_e
         assert fn._cache_size() == 1
 
 
-@pytest.mark.parametrize("slots, ids, turn_ends", [(11, [3, 4, 5, 10, 11], [2]), (12, [3, 4, 5, 10, 11, 12], [2, 5])])
+@pytest.mark.parametrize("slots, ids, turn_ends", [(9, [3, 4, 5, 10, 11], [2]), (10, [3, 4, 5, 10, 11, 12], [2, 5])])
 def test_a_full_cache_ends_episodes_without_an_empty_turn(slots, ids, turn_ends):
-    """The 4 prompt slots, the first turn's 3 steps and one append chunk of 4 fill 11 slots: with 11 the
-    second turn cannot draw at all (no turn is recorded), with 12 it draws one id, then the cache is full."""
+    """The row's 4 prompt slots, its first turn's 3 ids and its 2 appended ids fill 9 slots (an append
+    takes the row's real ids only, not the chunk's width): with 9 the second turn cannot draw at all
+    (no turn is recorded), with 10 it draws one id, then the row's cache is full."""
     graphdef, state = nnx.split(chain_decoder())
     config = EngineConfig(SamplingConfig(max_new_tokens=16, eos_token_ids=(20,)), cache_slots=slots, append_width=4,
                           stop_sequences=((5,),))
