@@ -39,7 +39,8 @@ OLD = "c0dacf7"
 def old_modules():
     """The shared-index engine and its driver as modules `engine_old`, `episodes_old`."""
     root = Path(tempfile.mkdtemp())
-    show = lambda path: subprocess.run(["git", "show", f"{OLD}:{path}"], check=True, capture_output=True, text=True).stdout
+    show = lambda path: subprocess.run(["git", "show", f"{OLD}:{path}"], check=True, capture_output=True,
+                                       text=True).stdout
     (root / "engine_old.py").write_text(show("dapo_jax/agents/engine.py"))
     (root / "episodes_old.py").write_text(show("dapo_jax/agents/episodes.py").replace(
         "from dapo_jax.agents.engine import", "from engine_old import"))
@@ -53,7 +54,8 @@ class Stochastic(Env):
 
     def step(self, turn):
         n = 1 + sum(turn.token_ids) % 3
-        return StepResult([{"role": "tool", "content": text([(7 + i + sum(turn.token_ids)) % 20 + 2 for i in range(n)])}],
+        ids = [(7 + i + sum(turn.token_ids)) % 20 + 2 for i in range(n)]
+        return StepResult([{"role": "tool", "content": text(ids)}],
                           reward=float(n), done=n == 3)
 
 
@@ -116,8 +118,8 @@ def main() -> None:
           f"between; rows 1..: one turn of 6 ids")
     for name, mod, ep in both:
         for slots in (per_row - 1, per_row, shared - 1, shared):
-            engine, counts = counted(mod.TurnEngine(graphdef, mod.EngineConfig(sampling, cache_slots=slots, append_width=4,
-                                                                            stop_sequences=((5,),))))
+            config = mod.EngineConfig(sampling, cache_slots=slots, append_width=4, stop_sequences=((5,),))
+            engine, counts = counted(mod.TurnEngine(graphdef, config))
             go = lambda: ep.run_episodes(engine, state, rows, Turns, id_renderer(), limits, jax.random.key(0),
                                          group_size=1, prompt_width=4)
             eps, times = go(), []
@@ -134,7 +136,8 @@ def main() -> None:
     sampling = SamplingConfig(max_new_tokens=32, temperature=1.0, eos_token_ids=(99,))
     b, width, slots = 8, 4, 160
     ids, mask = np.full((b, width), 5, np.int32), np.ones((b, width), np.int32)
-    engines = [mod.TurnEngine(graphdef, mod.EngineConfig(sampling, cache_slots=slots, append_width=4)) for _, mod, _ in both]
+    engines = [mod.TurnEngine(graphdef, mod.EngineConfig(sampling, cache_slots=slots, append_width=4))
+               for _, mod, _ in both]
     chunk, n_new = np.zeros((b, 4), np.int32), np.full(b, 4, np.int32)
     for engine in engines:  # compile
         es = engine.prefill(state, ids, mask)

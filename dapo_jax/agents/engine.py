@@ -27,7 +27,7 @@ with reason 4 ("context").
 
 A turn ends at an EOS id (reason 1), at the end of a stop sequence of ids such as Qwen2.5's
 `</tool_call>` (reason 2, the marker's ids included in the turn), when the row's token budget is
-spent (3), or when the cache is full (4). Sampling is `sampling.processors.draw_tokens`, the
+spent (3), or when the row's own slots are full (4). Sampling is `sampling.processors.draw_tokens`, the
 single-turn sampler's, with one uniform per row and step from `fold_in(key, step)`.
 """
 
