@@ -5,24 +5,29 @@
     es, turn = engine.decode(state, es, active [B], budget [B], key)    # until EOS / stop / budget
     es = engine.append(state, es, ids [B,A], n_new [B])                 # the observations' ids
 
-All `B` rows (prompts x G) share one `KVCache` (the model's own, `models/decoder.py`) of `C` slots
-and one write index `end`: every program writes its tokens at slots `[end, end + width)` for every
-row, and a row that has nothing to write there (paused while its tool runs, finished, or shorter
-than the widest append) writes a slot with mask 0, which no query ever attends to. A row's RoPE
-positions count only its real tokens (`pos [B]`), so its keys, values and logits are those of its
-conversation alone, laid out contiguously: what the trainer's forward computes over
-`prompt + episode`. Nothing of the history is ever computed again: an append is a prefill of the
-new tokens over the cache (`Decoder.__call__` with a cache), and decoding resumes from its logits.
+All `B` rows (prompts x G) share one `KVCache` array (the model's own, `models/decoder.py`), but each
+row has its own write index `end [B]`: a row's ids go to its own slots `[end[b], end[b] + n)` and
+only its own ids advance it, so an idle row (paused while its tool runs, finished, or shorter than
+the widest append) takes no slot. Each program runs the model's cached forward (`Decoder.__call__`
+with a cache) once per row under `jax.vmap`, so the row's `end` is its own scalar there: the same
+per-row write as `models/decode.py`'s `slot [P]` (a vmapped `dynamic_update_slice`), and the same
+forward math as the single-index engine, computed row by row. The array has `C + A` slots (`C =
+cache_slots`, `A = append_width`): a row holds at most `C` real ids, and the last `A` are scratch
+that an idle row's mask-0 writes may land in without touching anyone's history (no query ever
+attends to a mask-0 slot). A row's RoPE positions count only its real tokens (`pos [B]`), so its
+keys, values and logits are those of its conversation alone, laid out contiguously: what the
+trainer's forward computes over `prompt + episode`. Nothing of the history is ever computed again:
+an append is a prefill of the new tokens over the cache, and decoding resumes from its logits.
 
 Fixed shapes: `prefill` compiles once per prompt width, `decode` and `append` once each; the number
 of turns, their lengths and the number of append chunks are loop counts on the host and in a
-`while_loop`, never shapes. The cost of the single write index is slots: each decode step and each
-append chunk takes a slot column from every row, so `C` must cover the prompt, the longest turns
-and the appends (`cache_slots`); a row that meets a full cache ends with status "context".
+`while_loop`, never shapes. `C` must cover one row's own prompt width and episode (its model and
+observation ids), not the batch's longest turns; a row that has filled its `C` slots ends its turn
+with reason 4 ("context").
 
 A turn ends at an EOS id (reason 1), at the end of a stop sequence of ids such as Qwen2.5's
 `</tool_call>` (reason 2, the marker's ids included in the turn), when the row's token budget is
-spent (3), or when the cache is full (4). Sampling is `sampling.processors.draw_tokens`, the
+spent (3), or when the row's own slots are full (4). Sampling is `sampling.processors.draw_tokens`, the
 single-turn sampler's, with one uniform per row and step from `fold_in(key, step)`.
 """
 
@@ -50,7 +55,7 @@ class EngineConfig:
     """`sampling.max_new_tokens` is the most tokens one turn may draw (the episode budget `T`)."""
 
     sampling: SamplingConfig
-    cache_slots: int  # C: prompt + every decode step and append chunk of the episode's turns
+    cache_slots: int  # C: slots of one row: its prompt width + its own episode ids
     append_width: int  # A: observation ids appended per chunk
     stop_sequences: tuple[tuple[int, ...], ...] = ()
 
@@ -62,7 +67,7 @@ class EngineConfig:
 
 
 class EngineState(NamedTuple):
-    cache: KVCache  # [L, B, C, H_kv, D]; cache.end is the next slot column
+    cache: KVCache  # [L, B, C + A, H_kv, D]; cache.end [B] int32: each row's next free slot
     logits: jax.Array  # [B, V] float32: the next token's logits of each row
     pos: jax.Array  # [B] int32: the next token's RoPE position (the row's real tokens so far)
 
@@ -74,7 +79,7 @@ class TurnOutput(NamedTuple):
     entropy: jax.Array  # [B, D] float32
     count: jax.Array  # [B] int32: tokens drawn this turn
     reason: jax.Array  # [B] int32: see REASONS (0 for a row that was not active)
-    steps: jax.Array  # int32: decode steps run (slot columns used)
+    steps: jax.Array  # int32: decode steps run (a row takes a slot only on its own drawing steps)
 
 
 def _stop_table(stop_sequences) -> jax.Array | None:
@@ -102,6 +107,24 @@ def shard_kv(cache: KVCache) -> KVCache:
                           v=jax.lax.with_sharding_constraint(cache.v, kv), mask=shard_batch(cache.mask))
 
 
+def rows_forward(model, ids, positions, real, cache: KVCache) -> tuple[jax.Array, KVCache]:
+    """The model's cached forward with a write index per row: row b's `S` ids go to slots
+    `[end[b], end[b] + S)` (its padding ids, `real` 0, as mask-0 slots) and `end[b]` advances by its
+    real ids only. `ids`, `positions`, `real` `[B, S]`; `cache.end [B]`. Returns `(hidden [B, S, d], cache)`.
+
+    `Decoder.__call__` once per row under `jax.vmap` (its scalar `end` becomes the row's own), so the
+    arithmetic is the model's: nothing of attention, RoPE or the blocks is written again here."""
+
+    def one(ids, positions, real, k, v, mask, end):
+        hidden, cache = model(ids[None], positions[None], real[None],
+                              cache=KVCache(k[:, None], v[:, None], mask[None], end))
+        return hidden[0], cache.k[:, 0], cache.v[:, 0], cache.mask[0]
+
+    hidden, k, v, mask = jax.vmap(one, in_axes=(0, 0, 0, 1, 1, 0, 0), out_axes=(0, 1, 1, 0))(
+        ids, positions, real, cache.k, cache.v, cache.mask, cache.end)
+    return hidden, shard_kv(KVCache(k, v, mask, cache.end + real.sum(axis=-1).astype(jnp.int32)))
+
+
 class TurnEngine:
     """The three jitted programs over one `graphdef` (weights are passed as `state` on each call)."""
 
@@ -112,25 +135,26 @@ class TurnEngine:
         self.append = jax.jit(self._append)
 
     def _prefill(self, state, prompt_ids, prompt_mask) -> EngineState:
-        """Left-padded prompts into a fresh cache of `C` slots."""
+        """Left-padded prompts into a fresh cache of `C + A` slots; every row's `end` is the prompt width."""
         model = nnx.merge(self.graphdef, state)
         b, s = prompt_ids.shape
         if s > self.config.cache_slots:
             raise ValueError(f"prompt width {s} exceeds cache_slots={self.config.cache_slots}")
         ids, mask = shard_batch(prompt_ids.astype(jnp.int32)), shard_batch(prompt_mask.astype(jnp.int32))
-        cache = KVCache.init(model.config, b, self.config.cache_slots)
+        cache = KVCache.init(model.config, b, self.config.cache_slots + self.config.append_width)
         hidden, cache = model(ids, positions_from_mask(mask), mask, cache=shard_kv(cache))
         logits = shard_batch(model.logits(hidden[:, -1]))  # left padding: every last column is real
+        cache = cache._replace(end=shard_batch(jnp.full((b,), s, jnp.int32)))
         return EngineState(shard_kv(cache), logits, mask.sum(axis=-1).astype(jnp.int32))
 
     def _append(self, state, es: EngineState, ids, n_new) -> EngineState:
-        """Row b's first `n_new[b]` ids of `ids [B, A]` written after its history; rows with 0 keep their logits."""
+        """Row b's first `n_new[b]` ids of `ids [B, A]` written after its history; rows with 0 keep their
+        logits and their `end`. The caller keeps `end[b] + n_new[b] <= C` (`run_episodes` does)."""
         model = nnx.merge(self.graphdef, state)
         width = ids.shape[1]
         real = (jnp.arange(width)[None, :] < n_new[:, None]).astype(jnp.int32)  # [B, A]
         positions = (es.pos[:, None] + jnp.arange(width)[None, :]) * real
-        hidden, cache = model(shard_batch(ids.astype(jnp.int32)), positions, real, cache=es.cache)
-        cache = shard_kv(cache)
+        hidden, cache = rows_forward(model, shard_batch(ids.astype(jnp.int32)), positions, real, es.cache)
         last = jnp.take_along_axis(hidden, jnp.maximum(n_new - 1, 0)[:, None, None], axis=1)[:, 0]  # [B, d]
         logits = jnp.where((n_new > 0)[:, None], model.logits(last), es.logits)
         return EngineState(cache, shard_batch(logits), es.pos + n_new.astype(jnp.int32))
@@ -150,11 +174,14 @@ class TurnEngine:
 
         def cond(carry):
             es, active, out, _ = carry
-            return (out.steps < d_max) & jnp.any(active) & (es.cache.end < slots)
+            return (out.steps < d_max) & jnp.any(active & (es.cache.end < slots))
 
         def body(carry):
             es, active, out, window = carry
             i = out.steps
+            # a row whose own C slots are full draws nothing more: it stays `active` and ends as "context"
+            full = active & (es.cache.end >= slots)
+            active = active & ~full
             u = None if cfg.is_greedy else jax.random.uniform(jax.random.fold_in(key, i), (b,), jnp.float32)
             tok, lp, lq = draw_tokens(u, es.logits, config=cfg)
             ent = tempered_entropy(es.logits, cfg.logprob_temperature)
@@ -170,14 +197,13 @@ class TurnEngine:
             reason = jnp.where(active & (why > 0), why, out.reason)
             # the drawn token enters the cache in the same step, so an append after it follows it
             fed = active.astype(jnp.int32)[:, None]
-            hidden, cache = model(tok[:, None], (es.pos * active)[:, None], fed, cache=es.cache)
-            cache = shard_kv(cache)
+            hidden, cache = rows_forward(model, tok[:, None], (es.pos * active)[:, None], fed, es.cache)
             logits = jnp.where(active[:, None], model.logits(hidden[:, 0]), es.logits)
             es = EngineState(cache, shard_batch(logits), es.pos + active)
             out = TurnOutput(col(out.tokens, tok), col(out.logp, lp), col(out.logq, lq), col(out.entropy, ent),
                              count, reason, i + 1)
-            return es, active & (why == 0), out, window
+            return es, (active & (why == 0)) | full, out, window
 
         es, active, out, _ = jax.lax.while_loop(cond, body, (es, active, out, window))
-        # still drawing when the loop ended: the cache was full (the budget ends a turn inside the loop)
+        # still drawing when the loop ended: the row's cache was full (the budget ends a turn inside the loop)
         return es, out._replace(reason=jnp.where(active, 4, out.reason))

@@ -15,7 +15,8 @@ For `R` data rows and `G` episodes each (`B = R G` sampler rows, row `r G + g`):
    `A` ids; decoding resumes on those rows only.
 3. An episode ends when its environment says `done`, when a turn produced no observation, at
    `max_turns`, when its next observation would not leave one model token of the episode budget
-   `max_episode_tokens` (model and observation ids together), when the cache is full, or when its
+   `max_episode_tokens` (model and observation ids together), when the row's own `cache_slots`
+   (its prompt width and its episode's ids: each row has its own write index) are full, or when its
    environment fails (raises or times out in `step`: status "env_error", counted).
 
 Every id of an episode is either sampled (loss mask 1, the sampler's log-prob kept) or appended
@@ -133,7 +134,6 @@ def run_episodes(
     ids, mask = _prompt_arrays([ep.prompt_ids for ep in episodes], prompt_width, cfg.sampling.pad_token_id)
     b = len(episodes)
     es: EngineState = engine.prefill(state, ids, mask)
-    end = prompt_width
     active = np.ones(b, bool)
     eos_ids = set(cfg.sampling.eos_token_ids)
 
@@ -148,7 +148,6 @@ def run_episodes(
         budget = np.minimum(t_max - used, cfg.sampling.max_new_tokens).astype(np.int32)
         es, out = engine.decode(state, es, active, budget, jax.random.fold_in(key, turn_index))
         out = jax.device_get(out)
-        end += int(out.steps)
         stepping = []
         for r in np.flatnonzero(active):
             n, reason = int(out.count[r]), int(out.reason[r])
@@ -199,28 +198,25 @@ def run_episodes(
             if len(ep.ids) + len(delta) >= t_max:
                 finish(r, "budget")
                 continue
+            if prompt_width + len(ep.ids) + len(delta) > cfg.cache_slots:  # the row's own slots: prompt + its ids
+                finish(r, "context")
+                continue
             appends[r] = delta
         width = cfg.append_width
         start = 0
         while appends and any(len(d) > start for d in appends.values()):
-            if end + width > cfg.cache_slots:
-                for r in appends:
-                    finish(r, "context")
-                break
             chunk = np.full((b, width), cfg.sampling.pad_token_id, np.int32)
             n_new = np.zeros(b, np.int32)
             for r, delta in appends.items():
                 part = delta[start:start + width]
                 chunk[r, :len(part)], n_new[r] = part, len(part)
             es = engine.append(state, es, chunk, n_new)
-            end += width
             start += width
         for r, delta in appends.items():
-            if active[r]:
-                episodes[r].add(delta, model=False)
+            episodes[r].add(delta, model=False)
         active[:] = False
         for r in appends:
-            active[r] = episodes[r].status == ""
+            active[r] = True
     for ep in episodes:
         if not ep.status:
             ep.status = "max_turns"

@@ -70,12 +70,19 @@ def test_a_turn_stops_at_eos_stop_sequence_budget_and_a_full_cache():
     assert np.asarray(out.reason).tolist() == [2, 1, 3, 0]
     np.testing.assert_array_equal(np.asarray(out.tokens)[:, :4], [[4, 5, 6, 7], [18, 19, 20, 0], [11, 12, 13, 0],
                                                                   [0, 0, 0, 0]])
-    assert int(out.steps) == 4 and int(es.cache.end) == 2 + 4
+    assert int(out.steps) == 4
+    assert np.asarray(es.cache.end).tolist() == [6, 5, 5, 2]  # each row's own slots: prompt width + its ids
     assert np.asarray(es.pos).tolist() == [5, 4, 4, 1]  # one prompt id each, then the turn
-    # four empty appends of width 2 leave two free slots: row 0's next turn draws two ids and stops
-    for _ in range(4):
-        es = engine.append(state, es, np.zeros((4, 2), np.int32), np.zeros(4, np.int32))
-    assert int(es.cache.end) == 14
-    es, out = engine.decode(state, es, np.array([1, 0, 0, 0], bool), np.full(4, 8, np.int32), jax.random.key(1))
-    assert int(out.count[0]) == 2 and int(out.reason[0]) == 4  # two slots left, then the cache is full
+    # eight ids appended to row 0 alone (four chunks of 2) leave it two free slots of its 16
+    for lo in range(0, 8, 2):
+        chunk = np.zeros((4, 2), np.int32)
+        chunk[0] = [lo, lo + 1]
+        es = engine.append(state, es, chunk, np.array([2, 0, 0, 0], np.int32))
+    assert np.asarray(es.cache.end).tolist() == [14, 5, 5, 2]  # the idle rows took no slot
+    es, out = engine.decode(state, es, np.array([1, 0, 0, 1], bool), np.full(4, 8, np.int32), jax.random.key(1))
+    assert int(out.count[0]) == 2 and int(out.reason[0]) == 4  # two slots left, then row 0's cache is full
     np.testing.assert_array_equal(np.asarray(out.tokens)[0, :2], [8, 9])
+    # row 3 idled through all of that: its whole budget of 8 fits in its own slots (2 + 8 <= 16)
+    assert int(out.count[3]) == 8 and int(out.reason[3]) == 3
+    np.testing.assert_array_equal(np.asarray(out.tokens)[3], np.arange(26, 34) % 32)
+    assert np.asarray(es.cache.end).tolist() == [16, 5, 5, 10]

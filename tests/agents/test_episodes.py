@@ -209,10 +209,11 @@ def test_same_key_same_episodes_and_no_recompilation_across_turn_counts(random_e
         assert fn._cache_size() == 1
 
 
-@pytest.mark.parametrize("slots, ids, turn_ends", [(11, [3, 4, 5, 10, 11], [2]), (12, [3, 4, 5, 10, 11, 12], [2, 5])])
+@pytest.mark.parametrize("slots, ids, turn_ends", [(9, [3, 4, 5, 10, 11], [2]), (10, [3, 4, 5, 10, 11, 12], [2, 5])])
 def test_a_full_cache_ends_episodes_without_an_empty_turn(slots, ids, turn_ends):
-    """The 4 prompt slots, the first turn's 3 steps and one append chunk of 4 fill 11 slots: with 11 the
-    second turn cannot draw at all (no turn is recorded), with 12 it draws one id, then the cache is full."""
+    """The row's 4 prompt slots, its first turn's 3 ids and its 2 appended ids fill 9 slots (an append
+    takes the row's real ids only, not the chunk's width): with 9 the second turn cannot draw at all
+    (no turn is recorded), with 10 it draws one id, then the row's cache is full."""
     graphdef, state = nnx.split(chain_decoder())
     config = EngineConfig(SamplingConfig(max_new_tokens=16, eos_token_ids=(20,)), cache_slots=slots, append_width=4,
                           stop_sequences=((5,),))
@@ -230,3 +231,49 @@ class SlowTools(Echo):
 def test_a_tool_timeout_over_the_step_timeout_is_refused(chain_engine):
     with pytest.raises(AgentConfigError, match="tool_timeout=30 s must be under step_timeout=5 s"):
         run_chain(chain_engine, [{"ids": [1, 2]}], env=SlowTools, step_timeout=5.0)
+
+
+class Turns(Env):
+    """Answers each turn with the id `[2]` (the chain model then writes 3 4 5 again); done after the row's `turns`."""
+
+    def reset(self, row):
+        self.left = row["turns"]
+        return [{"role": "user", "content": text(row["ids"])}]
+
+    def step(self, turn):
+        self.left -= 1
+        return StepResult([{"role": "tool", "content": text([2])}], reward=0.0, done=self.left == 0)
+
+
+def test_one_long_episode_fits_a_cache_of_its_own_length_beside_rows_that_finish_at_once():
+    """Row 0 takes 5 turns of 3 ids with an id appended between them (19 ids); rows 1-3 end on EOS after
+    one turn of 6. Each row writes only its own ids, so row 0 needs its prompt width 4 + 19 = 23 slots,
+    whatever the others do: 23 completes every episode, 22 ends row 0 with status `context`. A single
+    write index for all rows would take a slot from every row at each decode step (the widest row's)
+    and `append_width` slots at each append chunk: 4 + 6 + 4 + 4 x (3 + 4) - 4 = 38 here."""
+    graphdef, state = nnx.split(chain_decoder())
+    rows = [{"ids": [1, 2], "turns": 5}] + [{"ids": [14], "turns": 1}] * 3
+
+    def run(slots):
+        config = EngineConfig(SamplingConfig(max_new_tokens=16, eos_token_ids=(20,)), cache_slots=slots,
+                              append_width=4, stop_sequences=((5,),))
+        return run_episodes(TurnEngine(graphdef, config), state, rows, Turns, id_renderer(),
+                            AgentLimits(max_turns=6, max_episode_tokens=32), jax.random.key(0), group_size=1,
+                            prompt_width=4)
+
+    eps = run(23)
+    assert [ep.status for ep in eps] == ["done"] * 4
+    assert eps[0].ids == [3, 4, 5] + [2, 3, 4, 5] * 4 and eps[0].turn_ends == [2, 6, 10, 14, 18]
+    assert all(ep.ids == list(range(15, 21)) for ep in eps[1:])
+    # what one shared index would have used: per turn, the longest row's steps and A slots per append chunk
+    def appended(ep, t):  # ids between turn t's last model id and turn t + 1's first
+        return ep.turn_ends[t + 1] - len(ep.turns[t + 1][0]) - ep.turn_ends[t]
+
+    width, shared = 4, 4
+    for t in range(5):
+        shared += max(len(ep.turns[t][0]) for ep in eps if len(ep.turns) > t)
+        shared += width * max((-(-appended(ep, t) // width) for ep in eps if len(ep.turns) > t + 1), default=0)
+    assert shared == 38 > 23
+    short = run(22)
+    assert short[0].status == "context" and short[0].ids == eps[0].ids[:-1]  # its last id found no slot
+    assert [ep.status for ep in short[1:]] == ["done"] * 3

@@ -16,7 +16,7 @@ def test_the_recipe_resolves_the_episode_budget_and_engine_sizes():
     assert c.agent.env == "dapo_jax.agents.examples:CalcEnv"
     assert c.response_tokens == c.agent.max_episode_tokens == 24  # the update's response width
     assert c.objective_config.max_response_length == 24  # L_max of the overlong shaping, in model ids
-    assert c.agent_cache_slots == 8 + 24 + 3 * 8  # prompt + episode + one append chunk per turn
+    assert c.agent_cache_slots == 8 + 24  # prompt + episode: each row writes at its own index
     assert cfg("agent.cache_slots=100").agent_cache_slots == 100
     assert resolve(c).optim.packing  # episodes pack like single turns (tool ids as context)
     assert load_config("tiny_dapo").response_tokens == load_config("tiny_dapo").rollout.max_new_tokens

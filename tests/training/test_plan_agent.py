@@ -17,7 +17,7 @@ def test_plan_compiles_the_engine_programs_at_cache_slots():
     assert [p.name for p in plan.phases][:2] == ["rollout", "eval rollout"]
     hf = json.loads((resolve_path(cfg.model.path) / "config.json").read_text())
     rows = cfg.rollout.gen_batch * cfg.rollout.G
-    want = 2 * hf["num_hidden_layers"] * rows * cfg.agent_cache_slots * hf["num_key_value_heads"] * hf["head_dim"] * 4
+    want = 2 * hf["num_hidden_layers"] * rows * (cfg.agent_cache_slots + cfg.agent.append_width) * hf["num_key_value_heads"] * hf["head_dim"] * 4
     assert plan.kv_cache == want
     # the decode program holds the cache it updates: its arguments include every slot of every row
     assert programs["rollout: decode"].figures.arguments >= want

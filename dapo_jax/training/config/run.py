@@ -375,8 +375,8 @@ class AgentSection(_Section):
     step_timeout: float = Field(default=30.0, gt=0)  # seconds for one environment step (its tool calls included)
     # seconds per tool call, for a ToolEnv whose class sets no tool_timeout of its own
     tool_timeout: float = Field(default=10.0, gt=0)
-    # KV slots of the multi-turn engine's batch (prompt, every turn's decode steps and append chunks);
-    # None = data.max_prompt_length + max_episode_tokens + max_turns * append_width
+    # KV slots of one row of the multi-turn engine (its prompt and its own episode: each row writes at its own
+    # index); None = data.max_prompt_length + max_episode_tokens
     cache_slots: int | None = Field(default=None, gt=0)
     append_width: int = Field(default=32, gt=0)  # observation ids appended to the cache per chunk
 
@@ -576,11 +576,12 @@ class RunConfig(_Section):
 
     @property
     def agent_cache_slots(self) -> int:
-        """The multi-turn engine's KV slots (`agent.cache_slots`, else prompt + episode + one chunk per turn)."""
+        """The multi-turn engine's KV slots per row (`agent.cache_slots`, else prompt + episode: each row writes
+        its own ids at its own index, agents/engine.py)."""
         a = self.agent
         if a.cache_slots is not None:
             return a.cache_slots
-        return self.data.max_prompt_length + a.max_episode_tokens + a.max_turns * a.append_width
+        return self.data.max_prompt_length + a.max_episode_tokens
 
     def _overlong_fits(self, context: dict) -> None:
         """The soft overlong band (`overlong_buffer`, L_cache) must fit in the response (L_max, which is

@@ -169,8 +169,8 @@ class World:
                 return 0
             g = self.cfg.train.eval_k
         slots = r.gen_batch * self.cfg.data.max_prompt_length + r.gen_batch * g * max(r.max_new_tokens - 1, 0)
-        if self.cfg.agent is not None:  # the multi-turn engine: every row holds cache_slots slots
-            slots = r.gen_batch * r.G * self.cfg.agent_cache_slots
+        if self.cfg.agent is not None:  # the multi-turn engine: every row holds cache_slots + append_width slots
+            slots = r.gen_batch * r.G * (self.cfg.agent_cache_slots + self.cfg.agent.append_width)
         per_slot = 2 * m.num_hidden_layers * m.num_key_value_heads * m.head_dim * jnp.dtype(self.cfg.sampler_dtype).itemsize
         heads = mesh["tensor"] if m.num_key_value_heads % mesh["tensor"] == 0 else 1
         return slots * per_slot // (mesh["data"] * mesh["fsdp"] * heads)
