@@ -13,7 +13,8 @@ def test_plan_compiles_the_engine_programs_at_cache_slots():
     programs = {p.name: p for p in plan.programs}
     engine = [f"{phase}: {step}" for phase in ("rollout", "eval rollout") for step in ("prefill", "decode", "append")]
     assert set(engine) <= set(programs) and "rollout" not in programs, sorted(programs)
-    assert {"prepare", "update"} <= set(programs)
+    # the packed update's stages (episodes pack their tool ids as context), after prepare
+    assert {"prepare", "update: select", "update: start", "update: apply"} <= set(programs), sorted(programs)
     assert [p.name for p in plan.phases][:2] == ["rollout", "eval rollout"]
     hf = json.loads((resolve_path(cfg.model.path) / "config.json").read_text())
     rows = cfg.rollout.gen_batch * cfg.rollout.G
