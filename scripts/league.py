@@ -108,6 +108,8 @@ ROWS = (
     Row("dapo_k3_mask", "DAPO + K3 rejection (bf16 sampler)", "dapo_k3_mask",
         "sampler/trainer mismatch: drop responses whose KL(mu || pi_old) estimate is large", "recent",
         ("rollout.sampler_dtype=bfloat16",)),
+    Row("skywork_or1", "Skywork-OR1 (adaptive entropy)", "skywork_or1",
+        "entropy collapse: an entropy bonus whose coefficient moves to hold a target entropy", "recent"),
     Row("dapo_bypass_geo_mask", "DAPO bypass + geometric mask (bf16 sampler)", "dapo_bypass_geo_mask",
         "the recomputation pass: the sampler's log-probs as pi_old, a mask on pi_theta / mu", "recent",
         ("rollout.sampler_dtype=bfloat16",)),
