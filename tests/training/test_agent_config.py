@@ -69,3 +69,6 @@ def test_the_discount_reaches_process_supervision():
     assert cfg().agent.discount == 1.0 and cfg().objective_config.process_discount == 1.0  # the plain sum
     c = cfg("objective.name=grpo_process", "objective.overlong_buffer=null", "agent.discount=0.9")
     assert c.objective_config.process_discount == 0.9
+    with pytest.raises(ConfigError, match=r"agent.discount: 0.9 and objective.process_discount=0.5"):
+        cfg("objective.name=grpo_process", "objective.overlong_buffer=null", "agent.discount=0.9",
+            "objective.process_discount=0.5")

@@ -566,6 +566,9 @@ class RunConfig(_Section):
             ("agent.discount", a.discount == 1.0 or objective.needs_step_rewards,
              f"{a.discount:g} discounts the turns' rewards: it needs objective advantage grpo_process, not "
              f"{objective.advantage!r} (an outcome estimator reads one reward per episode)"),
+            ("agent.discount", a.discount == 1.0 or objective.process_discount in (1.0, a.discount),
+             f"{a.discount:g} and objective.process_discount={objective.process_discount:g} both discount the "
+             f"turns: set one of them"),
             ("agent", self.distill is None, "on-policy distillation on episodes is not wired yet: remove distill"),
             ("agent", objective.multi_reward != "normalize_then_sum",
              "objective.multi_reward=normalize_then_sum is not wired for episodes yet (an environment's reward has "
