@@ -547,6 +547,7 @@ class RunConfig(_Section):
         if a is None:
             return self
         objective = self.objective_config
+        named_discount = self.objective.build(max_response_length=self.response_tokens).process_discount
         where, _, name = a.env.rpartition(":")
         slots = self.agent_cache_slots
         checks = [
@@ -566,9 +567,9 @@ class RunConfig(_Section):
             ("agent.discount", a.discount == 1.0 or objective.needs_step_rewards,
              f"{a.discount:g} discounts the turns' rewards: it needs objective advantage grpo_process, not "
              f"{objective.advantage!r} (an outcome estimator reads one reward per episode)"),
-            ("agent.discount", a.discount == 1.0 or objective.process_discount in (1.0, a.discount),
-             f"{a.discount:g} and objective.process_discount={objective.process_discount:g} both discount the "
-             f"turns: set one of them"),
+            ("agent.discount", a.discount == 1.0 or named_discount in (1.0, a.discount),
+             f"{a.discount:g} and objective.process_discount={named_discount:g} both discount the turns: set one "
+             f"of them"),
             ("agent", self.distill is None, "on-policy distillation on episodes is not wired yet: remove distill"),
             ("agent", objective.multi_reward != "normalize_then_sum",
              "objective.multi_reward=normalize_then_sum is not wired for episodes yet (an environment's reward has "
