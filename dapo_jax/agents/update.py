@@ -18,7 +18,8 @@ Rewards, shaped before the advantages as in single-turn runs (`objectives/loss.s
   every model id of the episode its advantage;
 - `advantage: grpo_process` reads the turn rewards as process supervision's steps, each ending at
   its turn's last model id, the shaped outcome added to the last turn: a model id's advantage is
-  the sum of the group-normalised turn rewards of its own turn and every later one;
+  the sum of the group-normalised turn rewards of its own turn and every later one, turn k weighed
+  γ^(k − j) from turn j with the objective's `process_discount` γ (`agent.discount`; 1 by default);
 - dynamic sampling judges groups on `correct` (or the shaped reward) exactly as for single turns;
   `keep [P]` says which groups to train on (the caller draws more episodes for the rest).
 """

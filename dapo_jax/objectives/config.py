@@ -97,6 +97,9 @@ class ObjectiveConfig(BaseModel):
       opsm_delta: DeepSeek-V3.2's off-policy sequence mask δ (drop a negative-advantage response whose
         mean log(μ/π_θ) exceeds δ); None = off (`deepseek_v32.py`).
       kl_unbiased: DeepSeek-V3.2's unbiased KL: the estimator times π_θ/π_old (needs kl_beta > 0 in the loss).
+      process_discount: γ in (0, 1] over process supervision's steps (advantage="grpo_process",
+        `process.py`): step k weighs γ^(k − j) in the advantage of a token of step j; 1 = the plain sum.
+        An agent run sets it from `agent.discount` (docs/agents.md).
       gamma, gae_lambda, critic_lambda, lambda_alpha, whiten_advantages, value_clip,
         value_pretrain_steps, nll_coef: the critic family (advantage="gae": PPO, VAPO; docs/objectives.md#critic-ppo-vapo,
         `gae.py`, `nll.py`): discount γ, the policy's GAE λ, the value targets' λ (decoupled GAE),
@@ -114,6 +117,7 @@ class ObjectiveConfig(BaseModel):
     advantage: AdvantageName = "grpo"
     std_eps: float = Field(1e-6, ge=0.0)
     std_unbiased: bool = True
+    process_discount: float = Field(1.0, gt=0.0, le=1.0)
     # policy loss
     policy_loss: PolicyLossName = "clipped_surrogate"
     eps_low: float = 0.2
@@ -288,6 +292,9 @@ class ObjectiveConfig(BaseModel):
             raise ValueError("kind='sft' trains on the data's responses, nothing sampled or rewarded: it takes no "
                              "KL, entropy, NLL, dynamic sampling, GFPO, critic, step rewards, off-policy correction, "
                              "overlong shaping or multi_reward (leave them at their defaults)")
+        if self.process_discount != 1.0 and not self.needs_step_rewards:
+            raise ValueError(f"process_discount={self.process_discount} discounts process supervision's steps: it "
+                             f"needs advantage='grpo_process', not {self.advantage!r}")
         if self.needs_step_rewards and self.kl_beta > 0 and self.kl_in == "reward":
             raise ValueError("advantage='grpo_process' takes no KL in the reward: use kl_in='loss'")
         if self.needs_step_rewards and (self.overlong_buffer is not None or self.multi_reward != "sum"):

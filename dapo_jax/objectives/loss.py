@@ -254,7 +254,8 @@ def compute_advantages(cfg: ObjectiveConfig, rewards, mask, kl=None, *, valid=No
         if not cfg.needs_step_rewards:
             raise ValueError(f"step rewards given, but advantage={cfg.advantage!r} reads outcome rewards "
                              f"(advantage='grpo_process' reads steps)")
-        return ADVANTAGES[cfg.advantage](rewards, mask=mask, valid=valid, eps=cfg.std_eps, unbiased=cfg.std_unbiased)
+        return ADVANTAGES[cfg.advantage](rewards, mask=mask, valid=valid, eps=cfg.std_eps, unbiased=cfg.std_unbiased,
+                                         discount=cfg.process_discount)
     r = jnp.asarray(rewards, jnp.float32)
     if r.ndim == 3:
         if cfg.sums_normalised_rewards:

@@ -9,6 +9,16 @@ and a token's advantage is the sum of the normalised rewards of the steps ending
 
     Â_{i,t} = Σ_{j: e_i^(j) ≥ t} r̃_i^(j).
 
+With a discount γ in (0, 1] (`discount`; 1 = the plain sum above, bit for bit), the normalised reward of
+step k seen from a token of step j ≤ k (the first step ending at or after the token) weighs γ^(k − j):
+
+    Â_{i,t} = Σ_{k: e_i^(k) ≥ t} γ^(k − j(t)) r̃_i^(k),   i.e.  Â_t = d_t + γ_t Â_{t+1},
+
+with d_t the normalised rewards of the steps ending at t, and γ_t = γ where a real step ends at t (the
+next token starts a later step), 1 elsewhere. Steps are counted by their ends: steps that end at the
+same token count as one step, padding and masked steps (or negative ends) count for nothing, and
+ends at or past T count as ending at T − 1.
+
 Tokens after a response's last step end get 0. Inputs are fixed-shape and padded: `J` step slots
 per response, `step_mask` 1 on the real ones. `std` is unbiased (n − 1) or biased as configured; a
 group whose (real) step rewards are all equal, or that has fewer than two, gets exactly 0.
@@ -40,7 +50,8 @@ def _f32(x):
     return jnp.asarray(x, jnp.float32)
 
 
-def process_advantages(step_rewards, step_ends, step_mask, mask, *, valid=None, eps=1e-6, unbiased=True):
+def process_advantages(step_rewards, step_ends, step_mask, mask, *, valid=None, eps=1e-6, unbiased=True,
+                       discount=1.0):
     """Token advantages [P, G, T] from step rewards (the module docstring's formula), times `mask`.
 
     Args:
@@ -52,7 +63,11 @@ def process_advantages(step_rewards, step_ends, step_mask, mask, *, valid=None, 
       valid: optional [P, G]: the steps of an invalid response leave the group statistics, and the
         response gets 0.
       eps, unbiased: `std + eps`, and the (n − 1) or n divisor.
+      discount: γ in (0, 1], a Python float: step k weighs γ^(k − j) from a token of step j (the module
+        docstring); 1.0 = the plain sum.
     """
+    if not 0.0 < discount <= 1.0:
+        raise ValueError(f"discount must be in (0, 1], got {discount}")
     r, sm = _f32(step_rewards), _f32(step_mask)
     if r.ndim != 3 or jnp.shape(step_ends) != r.shape or sm.shape != r.shape:
         raise ValueError(f"step_rewards, step_ends and step_mask must share one [P, G, J] shape, got "
@@ -73,7 +88,22 @@ def process_advantages(step_rewards, step_ends, step_mask, mask, *, valid=None, 
     rows = jnp.arange(p * g)[:, None]
     dense = jnp.zeros((p * g, t), jnp.float32).at[rows, jnp.clip(ends, 0, t - 1).reshape(p * g, j)].add(
         normed.reshape(p * g, j)).reshape(p, g, t)
-    return jnp.cumsum(dense[..., ::-1], axis=-1)[..., ::-1] * m
+    if discount == 1.0:
+        return jnp.cumsum(dense[..., ::-1], axis=-1)[..., ::-1] * m
+    # γ_t: γ at the tokens where a real step ends (it separates this step from the next), 1 elsewhere.
+    real = ((sm > 0) & (ends >= 0)).astype(jnp.float32).reshape(p * g, j)
+    boundary = jnp.zeros((p * g, t), jnp.float32).at[rows, jnp.clip(ends, 0, t - 1).reshape(p * g, j)].max(
+        real).reshape(p, g, t) > 0
+    gammas = jnp.where(boundary, jnp.float32(discount), jnp.float32(1.0))
+
+    def back(carry, x):  # Â_t = d_t + γ_t Â_{t+1}, from the right
+        d_t, g_t = x
+        a_t = d_t + g_t * carry
+        return a_t, a_t
+
+    _, adv = jax.lax.scan(back, jnp.zeros((p, g), jnp.float32),
+                          (jnp.moveaxis(dense, -1, 0), jnp.moveaxis(gammas, -1, 0)), reverse=True)
+    return jnp.moveaxis(adv, 0, -1) * m
 
 
 def outcome_as_steps(rewards, mask) -> StepRewards:
@@ -83,16 +113,16 @@ def outcome_as_steps(rewards, mask) -> StepRewards:
     return StepRewards(r[..., None], last[..., None], jnp.ones(r.shape + (1,), jnp.float32))
 
 
-def grpo_process(rewards, *, mask=None, valid=None, eps=1e-6, unbiased=True, kl_penalty=None):
+def grpo_process(rewards, *, mask=None, valid=None, eps=1e-6, unbiased=True, kl_penalty=None, discount=1.0):
     """Process-supervised GRPO advantages [P, G, T] (`process_advantages`), for the registry.
 
     `rewards` is `StepRewards` (process supervision) or [P, G] outcome rewards (one step at the
     last token: `grpo` on every token). `mask` [P, G, T] is required; `kl_penalty` is not supported
-    (use the KL in the loss).
+    (use the KL in the loss). `discount` is γ over the steps (`process_advantages`).
     """
     if kl_penalty is not None:
         raise ValueError("grpo_process takes no KL in the reward: use kl_in='loss'")
     if mask is None:
         raise ValueError("grpo_process is token-level: pass mask [P, G, T]")
     steps = rewards if isinstance(rewards, StepRewards) else outcome_as_steps(rewards, mask)
-    return process_advantages(*steps, mask, valid=valid, eps=eps, unbiased=unbiased)
+    return process_advantages(*steps, mask, valid=valid, eps=eps, unbiased=unbiased, discount=discount)

@@ -53,8 +53,10 @@ def test_outcome_advantages_on_model_ids_only():
     np.testing.assert_array_equal(np.asarray(out.batch.prompt_ids), [[0, 5, 6], [7, 8, 9]])
 
 
-def test_turn_rewards_through_process_supervision():
-    obj = load_objective("grpo_process")
+@pytest.mark.parametrize("gamma", [1.0, 0.5])
+def test_turn_rewards_through_process_supervision(gamma):
+    # agent.discount γ: turn k weighs γ^(k − j) from a model id of turn j; the outcome sits on the last turn
+    obj = load_objective("grpo_process", process_discount=gamma)
     outcome = np.array([1.0, 0.0, 3.0, 0.0])
     out = episode_batch(arrays(), outcome, objective=obj, group_size=2)
     a = arrays()
@@ -71,7 +73,9 @@ def test_turn_rewards_through_process_supervision():
         for b, r in zip(rows, steps):
             for t in range(8):
                 ends = a["step_ends"][b, :len(r)]
-                want[b, t] = sum((rj - mean) / (std + obj.std_eps) for rj, e in zip(r, ends) if e >= t) * LOSS[b, t]
+                j = int(np.sum(ends < t))  # the turn of id t (each turn ends at its own id)
+                want[b, t] = sum(gamma ** (k - j) * (rj - mean) / (std + obj.std_eps)
+                                 for k, (rj, e) in enumerate(zip(r, ends)) if e >= t) * LOSS[b, t]
     np.testing.assert_allclose(np.asarray(out.batch.advantages).reshape(4, 8), want, rtol=1e-5, atol=1e-5)
 
 

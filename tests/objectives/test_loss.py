@@ -291,5 +291,7 @@ def test_every_recipe_runs_under_jit():
                             behaviour_logp=(b["logp"] if cfg.off_policy_bypass else b["old_logp"] + 1e-3 * b["ref_logp"])
                             if cfg.needs_behaviour_logp else None,
                             entropy=b["entropy"] if cfg.needs_entropy else None,
-                            **({"nll_weight": b["mask"] * 0.1} if cfg.nll_coef > 0 else {}))
+                            **({"nll_weight": b["mask"] * 0.1} if cfg.nll_coef > 0 else {}),
+                            # Skywork-OR1: the step's adaptive coefficient α_k comes from the run's controller
+                            **({"entropy_coef": np.float32(cfg.entropy_coef_init)} if cfg.adaptive_entropy else {}))
         assert np.isfinite(float(s)) and float(d) > 0, name

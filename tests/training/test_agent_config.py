@@ -29,6 +29,9 @@ def test_the_recipe_resolves_the_episode_budget_and_engine_sizes():
     ("agent.tool_timeout=30", "agent.tool_timeout"),
     ("agent.cache_slots=8", "agent.cache_slots"),
     ("agent.max_turns=0", "agent.max_turns"),
+    ("agent.discount=0", "agent.discount"),
+    ("agent.discount=1.5", "agent.discount"),
+    ("agent.discount=0.9", "agent.discount"),  # the recipe's outcome estimator reads no turns
     ("agent.truncation_side=middle", "agent.truncation_side"),
     ("agent.max_tool_token=3", "agent.max_tool_token"),
     ("objective.name=ppo", "agent"),
@@ -60,3 +63,12 @@ def test_process_supervision_reads_turn_rewards_without_a_step_reward_function()
     with pytest.raises(ConfigError, match="reward.functions.0.name"):  # a single-turn run still needs one
         load_config("tiny_dapo", ["objective.name=grpo_process", "objective.overlong_buffer=null",
                                   "reward.functions=[{name: integer}]"])
+
+
+def test_the_discount_reaches_process_supervision():
+    assert cfg().agent.discount == 1.0 and cfg().objective_config.process_discount == 1.0  # the plain sum
+    c = cfg("objective.name=grpo_process", "objective.overlong_buffer=null", "agent.discount=0.9")
+    assert c.objective_config.process_discount == 0.9
+    with pytest.raises(ConfigError, match=r"agent.discount: 0.9 and objective.process_discount=0.5"):
+        cfg("objective.name=grpo_process", "objective.overlong_buffer=null", "agent.discount=0.9",
+            "objective.process_discount=0.5")

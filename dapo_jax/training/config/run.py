@@ -379,6 +379,9 @@ class AgentSection(_Section):
     # index); None = data.max_prompt_length + max_episode_tokens
     cache_slots: int | None = Field(default=None, gt=0)
     append_width: int = Field(default=32, gt=0)  # observation ids appended to the cache per chunk
+    # γ in (0, 1] over the turns with advantage grpo_process: turn k's normalised reward weighs γ^(k − j) in
+    # turn j's advantage (the outcome sits on the last turn); 1 = the plain sum (objective process_discount)
+    discount: float = Field(default=1.0, gt=0.0, le=1.0)
 
 
 class RunConfig(_Section):
@@ -544,6 +547,7 @@ class RunConfig(_Section):
         if a is None:
             return self
         objective = self.objective_config
+        named_discount = self.objective.build(max_response_length=self.response_tokens).process_discount
         where, _, name = a.env.rpartition(":")
         slots = self.agent_cache_slots
         checks = [
@@ -560,6 +564,12 @@ class RunConfig(_Section):
             ("agent", not objective.uses_critic and objective.kind == "policy_gradient" and not objective.supervised,
              f"objective {self.objective.name!r} (kind={objective.kind!r}) is not trained on episodes yet: use a "
              f"policy-gradient objective without a critic (dapo, grpo, dr_grpo, grpo_process, ...)"),
+            ("agent.discount", a.discount == 1.0 or objective.needs_step_rewards,
+             f"{a.discount:g} discounts the turns' rewards: it needs objective advantage grpo_process, not "
+             f"{objective.advantage!r} (an outcome estimator reads one reward per episode)"),
+            ("agent.discount", a.discount == 1.0 or named_discount in (1.0, a.discount),
+             f"{a.discount:g} and objective.process_discount={named_discount:g} both discount the turns: set one "
+             f"of them"),
             ("agent", self.distill is None, "on-policy distillation on episodes is not wired yet: remove distill"),
             ("agent", objective.multi_reward != "normalize_then_sum",
              "objective.multi_reward=normalize_then_sum is not wired for episodes yet (an environment's reward has "
@@ -637,8 +647,12 @@ class RunConfig(_Section):
 
     @functools.cached_property
     def objective_config(self):
-        """The resolved `ObjectiveConfig` (frozen, hashable: a static jit argument)."""
-        return self.objective.build(max_response_length=self.response_tokens)
+        """The resolved `ObjectiveConfig` (frozen, hashable: a static jit argument); an agent run's
+        `agent.discount` is its `process_discount`."""
+        cfg = self.objective.build(max_response_length=self.response_tokens)
+        if self.agent is not None and self.agent.discount != 1.0:
+            cfg = cfg.model_copy(update={"process_discount": self.agent.discount})
+        return cfg
 
     @property
     def response_tokens(self) -> int:
