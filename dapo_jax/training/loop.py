@@ -154,7 +154,7 @@ def train(cfg: RunConfig) -> dict:
 
         last = evaluation(0, state.params) if run.step == 0 else {}
         evaluated_at = 0 if run.step == 0 else None
-        if critic is not None and run.step == 0:  # VAPO's value pre-training on the initial policy's rollouts
+        if critic is not None and run.step == 0 and objective.value_pretrain_steps:  # VAPO's value pre-training
             critic_state, pre = critic.pretrain(run.critic, functools.partial(actor.initial_batch, state.params), say)
             run = dataclasses.replace(run, critic=critic_state)
             if pre:

@@ -557,9 +557,12 @@ class RunConfig(_Section):
              f"would fire first and end the episode instead of answering)"),
             ("agent.cache_slots", slots > self.data.max_prompt_length,
              f"{slots} slots leave no room after the prompt (data.max_prompt_length={self.data.max_prompt_length})"),
-            ("agent", not objective.uses_critic and objective.kind == "policy_gradient" and not objective.supervised,
+            ("agent", objective.kind == "policy_gradient" and not objective.supervised,
              f"objective {self.objective.name!r} (kind={objective.kind!r}) is not trained on episodes yet: use a "
-             f"policy-gradient objective without a critic (dapo, grpo, dr_grpo, grpo_process, ...)"),
+             f"policy-gradient objective (dapo, grpo, dr_grpo, grpo_process, ppo, ...)"),
+            ("objective.value_pretrain_steps", objective.value_pretrain_steps == 0,
+             f"{objective.value_pretrain_steps}: VAPO's value pre-training on episodes is not wired yet: set "
+             f"objective.value_pretrain_steps=0 (the critic then learns from the first step's episodes)"),
             ("agent", self.distill is None, "on-policy distillation on episodes is not wired yet: remove distill"),
             ("agent", objective.multi_reward != "normalize_then_sum",
              "objective.multi_reward=normalize_then_sum is not wired for episodes yet (an environment's reward has "
