@@ -1,4 +1,4 @@
-"""An objective with a critic (PPO) trains on episodes: `dapo-jax train` on the agent recipe with
+"""An objective with a critic (PPO) trains on episodes (and plans): `dapo-jax train` on the agent recipe with
 `objective.name=ppo` (tiny_ppo's objective settings), the Retry environment's two-turn episodes, finite value
 losses, and nothing compiles after the first step."""
 
@@ -7,6 +7,7 @@ import numpy as np
 from dapo_jax.training.config.run import load_config
 from dapo_jax.training.loop import train
 from dapo_jax.training.metrics import read_metrics
+from dapo_jax.training.plan.memory import make_plan
 from tests.training.test_agent_run import overrides
 
 
@@ -27,3 +28,11 @@ def test_ppo_trains_on_episodes_with_a_finite_value_loss(tmp_path):
     assert any(r["agent/turns_mean"] > 1.0 and r["agent/observation_tokens_mean"] > 0 for r in steps)
     counts = [r["compilations"] for r in steps]
     assert counts == [counts[0]] * len(counts), counts  # nothing compiles after the first step
+
+
+def test_plan_of_a_ppo_agent_run_compiles_the_critic_update():
+    cfg = load_config("tiny_agent_calc", ["objective.name=ppo", "objective.overlong_buffer=null"])
+    plan = make_plan(cfg, cache=False)
+    names = {p.name for p in plan.programs}
+    assert {"prepare", "critic update", "rollout: decode", "update: apply"} <= names, sorted(names)
+    assert plan.fits
