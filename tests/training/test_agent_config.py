@@ -31,7 +31,6 @@ def test_the_recipe_resolves_the_episode_budget_and_engine_sizes():
     ("agent.max_turns=0", "agent.max_turns"),
     ("agent.truncation_side=middle", "agent.truncation_side"),
     ("agent.max_tool_token=3", "agent.max_tool_token"),
-    ("objective.name=vapo", "objective.value_pretrain_steps"),
     ("rollout.continuous=true", "agent"),
 ])
 def test_errors_are_one_line_naming_the_key(override, key):

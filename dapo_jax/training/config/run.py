@@ -560,9 +560,6 @@ class RunConfig(_Section):
             ("agent", objective.kind == "policy_gradient" and not objective.supervised,
              f"objective {self.objective.name!r} (kind={objective.kind!r}) is not trained on episodes yet: use a "
              f"policy-gradient objective (dapo, grpo, dr_grpo, grpo_process, ppo, ...)"),
-            ("objective.value_pretrain_steps", objective.value_pretrain_steps == 0,
-             f"{objective.value_pretrain_steps}: VAPO's value pre-training on episodes is not wired yet: set "
-             f"objective.value_pretrain_steps=0 (the critic then learns from the first step's episodes)"),
             ("agent", self.distill is None, "on-policy distillation on episodes is not wired yet: remove distill"),
             ("agent", objective.multi_reward != "normalize_then_sum",
              "objective.multi_reward=normalize_then_sum is not wired for episodes yet (an environment's reward has "

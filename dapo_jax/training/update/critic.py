@@ -175,8 +175,10 @@ class Critic:
         if n == 0:
             return state, {}
         mc = self.objective.model_copy(update={"critic_lambda": 1.0, "kl_beta": 0.0, "nll_coef": 0.0})
-        build = jax.jit(lambda params, ids, pmask, rids, rmask, rewards, valid: self.prepare(
-            params, Batch(ids, pmask, rids, rmask, None, jnp.zeros(rmask.shape, jnp.float32), None),
+        # an agent run's batches carry the episodes' context mask (tool ids: in the forward, not in the loss)
+        build = jax.jit(lambda params, ids, pmask, rids, rmask, rewards, valid, context=None: self.prepare(
+            params, Batch(ids, pmask, rids, rmask, None, jnp.zeros(rmask.shape, jnp.float32), None,
+                          context_mask=context),
             rewards, valid, jnp.zeros(rewards.shape, bool), objective=mc)[1])
         first = last = None
         for i in range(n):
