@@ -13,8 +13,9 @@ policy advantages over every valid token of the batch. The value loss is verl's 
 `½·max((V - G)², (clip(V, V_old - ε_v, V_old + ε_v) - G)²)`, returned as a token-mean
 (sum, denominator) pair so it stays exact under micro-batching.
 
-Shapes: `[P, G, T]` per token, `[P, G]` per response; `mask` is 1 on response tokens (a contiguous
-prefix of each row). Math in float32 whatever the input dtype.
+Shapes: `[P, G, T]` per token, `[P, G]` per response; `mask` is 1 on the policy's actions: the response
+tokens (a contiguous prefix of each row), or an agent episode's model ids, with holes at its tool and
+template ids that the recursion skips (`gae`; docs/agents.md). Math in float32 whatever the input dtype.
 """
 
 from __future__ import annotations
@@ -57,28 +58,31 @@ def adaptive_lambda(lengths: Array, alpha: float) -> Array:
 
 
 def gae(rewards: Array, values: Array, mask: Array, *, gamma: float, lam) -> Array:
-    """Generalised advantage estimates `Â [P, G, T]` (0 on padding).
+    """Generalised advantage estimates `Â [P, G, T]` (0 where the mask is 0).
 
     Args:
       rewards: `[P, G, T]` token rewards (`token_rewards`).
-      values: `[P, G, T]` `V_t` (values on padding are ignored: `V_L = 0`).
-      mask: `[P, G, T]`; the recursion runs backwards and stops where the mask ends.
+      values: `[P, G, T]` `V_t` (values where the mask is 0 are ignored: `V_L = 0`).
+      mask: `[P, G, T]`: the actions. The recursion runs backwards over the masked positions only and
+        skips the others, so a mask with holes (an episode's tool and template ids between model turns)
+        gives GAE over the sequence with the holes removed: `V_{t+1}` is the value at the NEXT masked
+        position, and a hole's ids cost no discount. A contiguous prefix is the single-turn case.
       gamma: discount γ; lam: λ, a scalar or one per response `[P, G]`.
     """
     m, r, v = _f32(mask), _f32(rewards), _f32(values)
     lam = jnp.broadcast_to(_f32(lam), m.shape[:-1])
-    next_m = jnp.concatenate([m[..., 1:], jnp.zeros_like(m[..., :1])], axis=-1)
-    next_v = jnp.concatenate([v[..., 1:], jnp.zeros_like(v[..., :1])], axis=-1) * next_m
-    delta = (r + gamma * next_v - v) * m
 
     def back(carry, x):
-        d_t, nm_t = x
-        a = d_t + gamma * lam * nm_t * carry
-        return a, a
+        next_a, next_v = carry  # Â and V at the next masked position (0 past the last)
+        m_t, r_t, v_t = x
+        a = r_t + gamma * next_v - v_t + gamma * lam * next_a
+        on = m_t > 0
+        return (jnp.where(on, a, next_a), jnp.where(on, v_t, next_v)), jnp.where(on, a, 0.0)
 
-    xs = (jnp.moveaxis(delta, -1, 0)[::-1], jnp.moveaxis(next_m, -1, 0)[::-1])
-    _, adv = jax.lax.scan(back, jnp.zeros(m.shape[:-1], jnp.float32), xs)
-    return jnp.moveaxis(adv[::-1], 0, -1) * m
+    xs = tuple(jnp.moveaxis(x, -1, 0)[::-1] for x in (m, r, v))
+    zeros = jnp.zeros(m.shape[:-1], jnp.float32)
+    _, adv = jax.lax.scan(back, (zeros, zeros), xs)
+    return jnp.moveaxis(adv[::-1], 0, -1)
 
 
 def value_targets(rewards: Array, values: Array, mask: Array, *, gamma: float, lam) -> Array:

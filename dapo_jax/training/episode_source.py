@@ -38,6 +38,7 @@ from dapo_jax.agents.episodes import AgentLimits, Episode, run_episodes
 from dapo_jax.agents.outcome import final_text
 from dapo_jax.agents.render import DeltaRenderer
 from dapo_jax.agents.update import shape_episodes
+from dapo_jax.parallel.host import to_global
 from dapo_jax.training.config.run import ConfigError, RunConfig
 from dapo_jax.training.rollout import Groups, collect_groups
 
@@ -202,6 +203,7 @@ class EpisodeSource:
     scorer: Any  # the run's reward functions, for episodes whose environment gives no outcome
     log: Any  # training.rollout_log.RolloutLog
     key: jax.Array  # the run's raw PRNG key
+    rows: Any = None  # the batch's sharding over the mesh (VAPO's value pre-training batches), or None: on the host
 
     def collect(self, step: int, params, carry: Groups | None) -> tuple[Groups, dict, Groups | None]:
         """Rounds of `gen_batch` rows x G episodes until `train_batch` groups are kept (with dynamic sampling:
@@ -227,6 +229,17 @@ class EpisodeSource:
         stats["agent/tool_call_rate"] = tool_call_rate(played)
         stats["agent/play_time_s"] = t_play[0]
         return groups, stats, carry
+
+    def initial_batch(self, params, round_idx: int) -> tuple:
+        """VAPO's value pre-training batch `round_idx` (training/update/critic.py), as `Actor.initial_batch`: one
+        round of the initial policy's episodes, `(prompt_ids, prompt_mask, response_ids, response_mask, rewards,
+        valid, context_mask)`; the critic's forward sees the tool ids as context, its loss the model's ids."""
+        g = collect_groups(lambda j: self.sample_round(0, round_idx, params)[0], None,
+                           train_batch=self.cfg.rollout.train_batch, max_gen_batches=1,
+                           on_starvation="train_on_kept")[0]
+        host = (g.prompt_ids, g.prompt_mask, g.response_ids, g.response_mask, g.rewards,
+                np.broadcast_to(g.valid[:, None], g.rewards.shape), g.context_mask)
+        return host if self.rows is None else to_global(host, self.rows)
 
     def keep(self, groups: Groups) -> np.ndarray:
         from dapo_jax.objectives.loss import dynamic_sampling_keep

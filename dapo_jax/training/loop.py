@@ -138,7 +138,8 @@ def train(cfg: RunConfig) -> dict:
         actor = SupervisedSource(cfg, stream, policy) if objective.supervised else Actor(  # SFT: the data's responses
             cfg, programs.generate, programs.continuous, policy, stream, share, tokenizer, scorer, step_scorer,
             group_filter, rollout_log, key, difficulty, tuple(cfg.data.sources or ())) if agent is None else \
-            EpisodeSource(cfg, programs.engine, policy, stream, agent, tokenizer, scorer, rollout_log, key)  # episodes
+            EpisodeSource(cfg, programs.engine, policy, stream, agent, tokenizer, scorer, rollout_log, key,
+                          batch_sharding(mesh))  # episodes
         learner = Learner(programs, policy, ref_params, batch_sharding(mesh), teacher=teacher,
                           entropy_control=entropy_controller(objective))  # objective.entropy_target, or None
         evaluation = Evaluation(programs.generate_eval, policy, eval_stream, tokenizer, scorer.for_eval, eval_key(key),
@@ -154,7 +155,7 @@ def train(cfg: RunConfig) -> dict:
 
         last = evaluation(0, state.params) if run.step == 0 else {}
         evaluated_at = 0 if run.step == 0 else None
-        if critic is not None and run.step == 0:  # VAPO's value pre-training on the initial policy's rollouts
+        if critic is not None and run.step == 0 and objective.value_pretrain_steps:  # VAPO's value pre-training
             critic_state, pre = critic.pretrain(run.critic, functools.partial(actor.initial_batch, state.params), say)
             run = dataclasses.replace(run, critic=critic_state)
             if pre:

@@ -184,3 +184,56 @@ def test_value_loss_pairs_add_up_over_splits():
     parts = [gae.value_loss(V[i:i + 1], old[i:i + 1], G[i:i + 1], mask[i:i + 1]) for i in range(V.shape[0])]
     np.testing.assert_allclose(sum(float(p[0]) for p in parts) / sum(float(p[1]) for p in parts), float(s / d),
                                rtol=1e-6)
+
+
+def np_gae_skipping(R, V, mask, gamma, lam, klp=None):
+    """Reference for a mask with holes (an episode): per row, keep only the masked positions (the model's
+    ids), run GAE on that compressed sequence in float64 by explicit sums, and scatter back (0 elsewhere)."""
+    P, G, T = mask.shape
+    adv = np.zeros((P, G, T))
+    for p in range(P):
+        for g in range(G):
+            keep = np.flatnonzero(mask[p, g] > 0)
+            L = len(keep)
+            r = [(-float(klp[p, g, t]) if klp is not None else 0.0) for t in keep]
+            if L:
+                r[-1] += float(R[p, g])  # the outcome at the episode's last model token
+            v = [float(V[p, g, t]) for t in keep] + [0.0]
+            delta = [r[i] + gamma * v[i + 1] - v[i] for i in range(L)]
+            for i, t in enumerate(keep):
+                adv[p, g, t] = sum((gamma * lam) ** k * delta[i + k] for k in range(L - i))
+    return adv
+
+
+def test_gae_over_an_episode_skips_its_tool_and_template_ids():
+    """A hand-built episode: model turn (3 ids), tool/template ids (2), model turn (2 ids), padding. GAE with
+    the holes equals GAE over the sequence with them removed; the holes get 0 and their values never leak."""
+    mask = np.array([[[1, 1, 1, 0, 0, 1, 1, 0, 0]]], np.float32)
+    V = np.array([[[0.5, 0.2, -0.1, 1e6, -1e6, 0.3, 0.4, 1e6, 1e6]]], np.float32)
+    R = np.array([[1.0]], np.float32)
+    r = gae.token_rewards(R, mask)
+    np.testing.assert_array_equal(np.asarray(r), [[[0, 0, 0, 0, 0, 0, 1, 0, 0]]])  # at the last model id
+    # hand-computed: compressed V = (0.5, 0.2, -0.1, 0.3, 0.4), γ = 1, λ = 0.5;
+    # δ = (-0.3, -0.3, 0.4, 0.1, 0.6); Â_4 = 0.6, Â_3 = 0.4, Â_2 = 0.6, Â_1 = 0.0, Â_0 = -0.3
+    adv = np.asarray(gae.gae(r, V, mask, gamma=1.0, lam=0.5))
+    np.testing.assert_allclose(adv, [[[-0.3, 0.0, 0.6, 0, 0, 0.4, 0.6, 0, 0]]], atol=1e-6)
+
+
+@pytest.mark.parametrize("gamma,lam", [(1.0, 0.95), (0.9, 0.8), (0.99, 1.0)])
+def test_gae_with_holes_matches_gae_over_the_compressed_sequence(gamma, lam):
+    rng = np.random.default_rng(7)
+    P, G, T = 3, 4, 12
+    mask = (rng.random((P, G, T)) < 0.6).astype(np.float32)
+    mask[0, 0] = 0  # an empty row
+    mask[1, 1, :5] = 1  # a contiguous prefix: the single-turn case
+    mask[1, 1, 5:] = 0
+    V = np.where(mask > 0, rng.normal(size=(P, G, T)), 1e6).astype(np.float32)
+    R = rng.choice([-1.0, 1.0], size=(P, G)).astype(np.float32)
+    klp = rng.normal(size=(P, G, T)).astype(np.float32) * 0.1
+    r = gae.token_rewards(R, mask, kl_penalty=klp)
+    got = np.asarray(gae.gae(r, V, mask, gamma=gamma, lam=lam))
+    np.testing.assert_allclose(got, np_gae_skipping(R, V, mask, gamma, lam, klp), rtol=1e-5, atol=1e-5)
+    assert np.all(got[mask == 0] == 0.0)
+    targets = np.asarray(gae.value_targets(r, V, mask, gamma=gamma, lam=lam))
+    np.testing.assert_allclose(targets, (np_gae_skipping(R, V, mask, gamma, lam, klp) + V) * mask, rtol=1e-5,
+                               atol=1e-5)

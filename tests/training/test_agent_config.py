@@ -34,7 +34,6 @@ def test_the_recipe_resolves_the_episode_budget_and_engine_sizes():
     ("agent.discount=0.9", "agent.discount"),  # the recipe's outcome estimator reads no turns
     ("agent.truncation_side=middle", "agent.truncation_side"),
     ("agent.max_tool_token=3", "agent.max_tool_token"),
-    ("objective.name=ppo", "agent"),
     ("rollout.continuous=true", "agent"),
 ])
 def test_errors_are_one_line_naming_the_key(override, key):

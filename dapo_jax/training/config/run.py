@@ -561,9 +561,9 @@ class RunConfig(_Section):
              f"would fire first and end the episode instead of answering)"),
             ("agent.cache_slots", slots > self.data.max_prompt_length,
              f"{slots} slots leave no room after the prompt (data.max_prompt_length={self.data.max_prompt_length})"),
-            ("agent", not objective.uses_critic and objective.kind == "policy_gradient" and not objective.supervised,
+            ("agent", objective.kind == "policy_gradient" and not objective.supervised,
              f"objective {self.objective.name!r} (kind={objective.kind!r}) is not trained on episodes yet: use a "
-             f"policy-gradient objective without a critic (dapo, grpo, dr_grpo, grpo_process, ...)"),
+             f"policy-gradient objective (dapo, grpo, dr_grpo, grpo_process, ppo, ...)"),
             ("agent.discount", a.discount == 1.0 or objective.needs_step_rewards,
              f"{a.discount:g} discounts the turns' rewards: it needs objective advantage grpo_process, not "
              f"{objective.advantage!r} (an outcome estimator reads one reward per episode)"),

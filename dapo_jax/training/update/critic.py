@@ -49,11 +49,19 @@ class CriticBatch(NamedTuple):
     response_mask: jax.Array  # [P, G, T] float32: tokens the value loss counts
     old_values: jax.Array  # [P, G, T] float32: V_old, the critic's values when the batch was prepared
     returns: jax.Array  # [P, G, T] float32: value targets G_t
+    context_mask: jax.Array | None = None  # [P, G, T] an episode's every real id (tool ids too): the forward's mask
 
 
-def critic_values(graphdef, params, prompt_ids, prompt_mask, response_ids, response_mask):
-    """`V_t` `[P, G, T]` (0 on padding) of the value model `nnx.merge(graphdef, params)`."""
-    return response_values(nnx.merge(graphdef, params), prompt_ids, prompt_mask, response_ids, response_mask)
+def critic_values(graphdef, params, prompt_ids, prompt_mask, response_ids, response_mask, context_mask=None):
+    """`V_t` `[P, G, T]` (0 off `response_mask`) of the value model `nnx.merge(graphdef, params)`.
+
+    context_mask: an agent episode's every real id (model, tool and template ids), the mask the forward
+    attends with, as the policy's log-prob pass; the values are kept on `response_mask` (the model's ids)."""
+    model = nnx.merge(graphdef, params)
+    if context_mask is None:
+        return response_values(model, prompt_ids, prompt_mask, response_ids, response_mask)
+    values = response_values(model, prompt_ids, prompt_mask, response_ids, context_mask)
+    return jnp.where(response_mask > 0, values, 0.0)
 
 
 def policy_nll_weights(objective, mask, correct, *, num_minibatches: int, micro_batches: int):
@@ -77,7 +85,8 @@ def make_critic_step(graphdef, tx: optax.GradientTransformation, schedule: optax
     loss's diagnostics (`gae.value_loss`)."""
 
     def micro_loss(params, cb: CriticBatch):
-        v = critic_values(graphdef, params, cb.prompt_ids, cb.prompt_mask, cb.response_ids, cb.response_mask)
+        v = critic_values(graphdef, params, cb.prompt_ids, cb.prompt_mask, cb.response_ids, cb.response_mask,
+                          cb.context_mask)
         loss_sum, den, metrics = value_loss(v, cb.old_values, cb.returns, cb.response_mask, clip_eps=clip_eps)
         return loss_sum, (den, metrics, {})
 
@@ -141,16 +150,21 @@ class Critic:
         """`(policy Batch with GAE advantages and NLL weights, CriticBatch)`; jit-able.
 
         rewards, valid, correct: `[P, G]`; kl: `[P, G, T]` (KL in the reward) or None; chunks: the values'
-        forward pass runs over `P / chunks` prompts at a time (`train_step.map_prompt_chunks`, exact)."""
+        forward pass runs over `P / chunks` prompts at a time (`train_step.map_prompt_chunks`, exact).
+        An episode's batch (`batch.context_mask`): the values' forward sees every id, GAE and the value loss
+        run over the model's ids (`response_mask`) only, skipping tool and template ids (objectives/gae.py)."""
         objective = objective or self.objective
         mask = batch.response_mask
-        values = map_prompt_chunks(lambda *rows: critic_values(self.graphdef, critic_params, *rows), chunks,
-                                   batch.prompt_ids, batch.prompt_mask, batch.response_ids, mask)
+        rows = (batch.prompt_ids, batch.prompt_mask, batch.response_ids, mask)
+        if batch.context_mask is not None:
+            rows = (*rows, batch.context_mask)
+        values = map_prompt_chunks(lambda *r: critic_values(self.graphdef, critic_params, *r), chunks, *rows)
         adv, targets = advantages_and_targets(objective, rewards, mask, values, kl, valid=valid)
         m = mask * jnp.asarray(valid, jnp.float32)[..., None]
         nll = policy_nll_weights(objective, m, correct, num_minibatches=self.num_minibatches,
                                  micro_batches=self.micro_batches)
-        cbatch = CriticBatch(batch.prompt_ids, batch.prompt_mask, batch.response_ids, m, values, targets)
+        cbatch = CriticBatch(batch.prompt_ids, batch.prompt_mask, batch.response_ids, m, values, targets,
+                             batch.context_mask)
         return batch._replace(advantages=adv, nll_weight=nll), cbatch
 
     def pretrain(self, state: TrainState, draw: Callable[[int], tuple], say=print) -> tuple[TrainState, dict]:
@@ -161,8 +175,10 @@ class Critic:
         if n == 0:
             return state, {}
         mc = self.objective.model_copy(update={"critic_lambda": 1.0, "kl_beta": 0.0, "nll_coef": 0.0})
-        build = jax.jit(lambda params, ids, pmask, rids, rmask, rewards, valid: self.prepare(
-            params, Batch(ids, pmask, rids, rmask, None, jnp.zeros(rmask.shape, jnp.float32), None),
+        # an agent run's batches carry the episodes' context mask (tool ids: in the forward, not in the loss)
+        build = jax.jit(lambda params, ids, pmask, rids, rmask, rewards, valid, context=None: self.prepare(
+            params, Batch(ids, pmask, rids, rmask, None, jnp.zeros(rmask.shape, jnp.float32), None,
+                          context_mask=context),
             rewards, valid, jnp.zeros(rewards.shape, bool), objective=mc)[1])
         first = last = None
         for i in range(n):

@@ -19,8 +19,10 @@ from dapo_jax.objectives.config import ObjectiveConfig
 from dapo_jax.objectives.gae import value_loss
 from dapo_jax.training.state.checkpoint import CheckpointError, Checkpointer
 from dapo_jax.training.config.run import OptimSection, load_config
-from dapo_jax.training.update.critic import CriticBatch, make_critic_step, policy_nll_weights
+from dapo_jax.training.update.critic import Critic, CriticBatch, critic_values, make_critic_step, policy_nll_weights
 from dapo_jax.training.update.train_step import Batch, _split, init_train_state, make_optimizer, make_train_step
+
+from tests.objectives.test_gae import np_gae_skipping
 
 REPO = Path(__file__).resolve().parents[3]
 P, G, S, T, V = 4, 3, 5, 6, 32
@@ -214,3 +216,77 @@ def test_three_steps_end_to_end(name, tmp_path):
     if name == "vapo":
         assert any("critic/pretrain_value_loss_first" in r for r in rows)
         assert all("nll" in r for r in steps)
+
+
+def episode_arrays(seed=0):
+    """A hand-built episode batch: per row a model turn, tool/template ids (context only), a second model turn,
+    padding. `response_mask` is the model's ids, `context_mask` every real id."""
+    a = arrays(seed)
+    context = np.zeros((P, G, T), np.float32)
+    model = np.zeros((P, G, T), np.float32)
+    context[..., :5] = 1
+    model[..., :2] = 1  # turn 1
+    model[..., 4] = 1  # turn 2 (ids 2, 3: the tool's answer)
+    context[0, 0, 5:] = 1  # one row ends on a longer second turn
+    model[0, 0, 5:] = 1
+    context[1, 1] = model[1, 1] = (np.arange(T) < 3)  # one row with a single turn
+    a.update(response_mask=jnp.asarray(model), context_mask=jnp.asarray(context))
+    return a
+
+
+def test_critic_update_on_an_episode_sees_the_context_and_counts_model_ids_only():
+    a = episode_arrays()
+    rng = a.pop("rng")
+    old = jnp.asarray(rng.normal(size=(P, G, T)) * 0.3, jnp.float32)
+    returns = jnp.asarray(rng.choice([-1.0, 1.0], (P, G, T)), jnp.float32)
+    cb = CriticBatch(**a, old_values=old, returns=returns)
+    graphdef, params = nnx.split(ValueModel(tiny_decoder(), rngs=nnx.Rngs(1)))
+    tx, schedule = make_optimizer(OPTIM)
+    step = make_critic_step(graphdef, tx, schedule, clip_eps=0.5, num_minibatches=1, micro_batches=2)
+    out = {2: step(init_train_state(jax.tree.map(jnp.copy, params), tx), cb)}
+
+    def whole(p):  # the forward attends with every real id; the loss counts the model's ids
+        v = response_values(nnx.merge(graphdef, p), cb.prompt_ids, cb.prompt_mask, cb.response_ids, cb.context_mask)
+        s, d, _ = value_loss(v, cb.old_values, cb.returns, cb.response_mask, clip_eps=0.5)
+        return s / d
+
+    assert_first_adam_step(out, whole, params, prefix="critic/")
+    # the tool ids are in the forward: the values of turn 2 differ from a forward that drops them
+    got = critic_values(graphdef, params, cb.prompt_ids, cb.prompt_mask, cb.response_ids, cb.response_mask,
+                        cb.context_mask)
+    blind = critic_values(graphdef, params, cb.prompt_ids, cb.prompt_mask, cb.response_ids, cb.response_mask)
+    m = np.asarray(cb.response_mask)
+    assert np.all(np.asarray(got)[m == 0] == 0.0)
+    assert not np.allclose(np.asarray(got)[..., 4], np.asarray(blind)[..., 4])
+    # targets and old values on tool ids never reach the update
+    off = np.asarray(cb.context_mask) * (1 - m)
+    noisy = cb._replace(old_values=cb.old_values + 50.0 * off, returns=cb.returns - 70.0 * off)
+    other = step(init_train_state(jax.tree.map(jnp.copy, params), tx), noisy)
+    for x, y in zip(leaves(other[0].params), leaves(out[2][0].params)):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_prepare_runs_gae_over_an_episodes_model_ids():
+    """`Critic.prepare` on an episode: V_old from the context forward on model ids, advantages and targets =
+    GAE over each row's model ids with the tool ids removed (float64 reference)."""
+    a = episode_arrays(1)
+    rng = a.pop("rng")
+    graphdef, params = nnx.split(ValueModel(tiny_decoder(), rngs=nnx.Rngs(2)))
+    obj = ObjectiveConfig(advantage="gae", gamma=0.9, gae_lambda=0.8, critic_lambda=0.95, whiten_advantages=False,
+                          kl_beta=0.0)
+    critic = Critic(obj, graphdef, None, None, 1, 1)
+    rewards = jnp.asarray(rng.choice([-1.0, 1.0], (P, G)), jnp.float32)
+    valid = jnp.ones((P, G), bool)
+    batch = Batch(a["prompt_ids"], a["prompt_mask"], a["response_ids"], a["response_mask"], None,
+                  jnp.zeros((P, G, T)), None, context_mask=a["context_mask"])
+    out, cb = jax.jit(lambda p: critic.prepare(p, batch, rewards, valid, jnp.zeros((P, G), bool), chunks=2))(params)
+    v = np.asarray(response_values(nnx.merge(graphdef, params), a["prompt_ids"], a["prompt_mask"], a["response_ids"],
+                                   a["context_mask"]), np.float64)
+    m = np.asarray(a["response_mask"])
+    np.testing.assert_allclose(np.asarray(cb.old_values), v * m, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(cb.context_mask), np.asarray(a["context_mask"]))
+    R = np.asarray(rewards, np.float64)
+    want_adv = np_gae_skipping(R, v, m, 0.9, 0.8)
+    want_ret = (np_gae_skipping(R, v, m, 0.9, 0.95) + v) * m
+    np.testing.assert_allclose(np.asarray(out.advantages), want_adv, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(cb.returns), want_ret, rtol=1e-4, atol=1e-5)
