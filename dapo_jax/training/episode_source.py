@@ -38,6 +38,8 @@ from dapo_jax.agents.episodes import AgentLimits, Episode, run_episodes
 from dapo_jax.agents.outcome import final_text
 from dapo_jax.agents.render import DeltaRenderer
 from dapo_jax.agents.update import shape_episodes
+from dapo_jax.evaluation.metrics import avg_at_k, pass_at_k
+from dapo_jax.objectives.loss import dynamic_sampling_keep
 from dapo_jax.parallel.host import to_global
 from dapo_jax.training.config.run import ConfigError, RunConfig
 from dapo_jax.training.rollout import Groups, collect_groups
@@ -161,8 +163,6 @@ def evaluate_episodes(engine: TurnEngine, state, agent: Agent, stream, *, tokeni
     played with `fold_in(key, its first row's index)` as `training/evaluate.py` samples. `eval/accuracy`
     (avg@k), pass@k, `eval/tool_call_rate` (episodes with a call), tool calls and turns per episode.
     `records`, when given, receives each row's episodes (`episode_turns`)."""
-    from dapo_jax.evaluation.metrics import avg_at_k, pass_at_k
-
     examples = list(stream.examples[:limit] if limit else stream.examples)
     n = len(examples)
     correct = np.zeros((n, k), bool)
@@ -242,8 +242,6 @@ class EpisodeSource:
         return host if self.rows is None else to_global(host, self.rows)
 
     def keep(self, groups: Groups) -> np.ndarray:
-        from dapo_jax.objectives.loss import dynamic_sampling_keep
-
         k, _ = dynamic_sampling_keep(self.cfg.objective_config, correct=groups.correct, rewards=groups.rewards)
         return np.asarray(k, bool)
 

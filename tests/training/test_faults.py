@@ -392,15 +392,20 @@ DEFAULT_SIGHUP = ("import os, signal, sys; signal.signal(signal.SIGHUP, signal.S
                   "os.execv(sys.executable, [sys.executable, '-m', 'dapo_jax.cli', *sys.argv[1:]])")
 
 
+def wait_for_steps(proc, run_dir, rows: int = 4, timeout: float = 240) -> None:
+    """Returns once `metrics.jsonl` has `rows` rows (step 0's eval and three steps), or the run ended."""
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= rows:
+            break
+        time.sleep(0.2)
+
+
 def stop_mid_run(sig, tiny_model_dir, run_dir, overrides_for):
     """Sends `sig` once three steps are logged; returns (exit code, stderr, the newest checkpoint, env)."""
     proc, env = start_run(tiny_model_dir, run_dir, overrides_for)
-    metrics = run_dir / "metrics.jsonl"
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and proc.poll() is None:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 4:
-            break
-        time.sleep(0.2)
+    wait_for_steps(proc, run_dir)
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
     ckpt = Checkpointer(run_dir / "checkpoints")
@@ -547,12 +552,7 @@ def test_closing_the_runs_terminal_saves_and_the_next_run_resumes(tiny_model_dir
     os.close(slave)
     reader = threading.Thread(target=lambda: _drain(master), daemon=True)  # a terminal that shows what it gets
     reader.start()
-    metrics = run_dir / "metrics.jsonl"
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and proc.poll() is None:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 4:
-            break
-        time.sleep(0.2)
+    wait_for_steps(proc, run_dir)
     os.close(master)  # the terminal closes
     assert proc.wait(timeout=120) == 143
     ckpt = Checkpointer(run_dir / "checkpoints")

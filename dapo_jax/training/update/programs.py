@@ -45,6 +45,7 @@ from dapo_jax.parallel.mesh import batch_divisor, batch_sharding
 from dapo_jax.sampling.continuous import ContinuousSampler, default_refill
 from dapo_jax.sampling.sampler import make_generate, shard_batch
 from dapo_jax.training.config.run import ConfigError, RunConfig, is_resolved
+from dapo_jax.training.episode_source import turn_engine
 from dapo_jax.training.rollout import Groups
 from dapo_jax.training.update.packed_step import PackedUpdate
 from dapo_jax.training.update.train_step import (Batch, make_logprob_fn, make_optimizer, make_train_step,
@@ -208,8 +209,6 @@ def build_programs(cfg: RunConfig, *, policy, model_cfg, mesh, tx, schedule, scf
                            distill=cfg.distill)
     engine = engine_eval = None
     if cfg.agent is not None:  # multi-turn episodes (agents/engine.py), on the sampler's graphdef and dtype
-        from dapo_jax.training.episode_source import turn_engine
-
         engine = turn_engine(cfg, sampler, scfg, stop_sequences)
         engine_eval = turn_engine(cfg, policy.sampler_graphdef, eval_scfg, stop_sequences)
     g = 1 if objective.supervised else r.G  # SFT: each example is a group of one response
