@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import warnings
 import zlib
@@ -90,6 +91,7 @@ class CheckpointRotatedError(CheckpointError):
 
 
 ROTATION_RETRIES = 5  # the newest deleted under a reader this many times in a row is no longer a race
+ROTATION_GRACE_S = 2.0  # a failed read waits this long for a folder rotation is deleting file by file to vanish
 
 
 class NonFiniteStateError(CheckpointError):
@@ -355,8 +357,20 @@ class Checkpointer:
 
     def _check_not_rotated(self, step: int, error: BaseException | None) -> None:
         """Raises CheckpointRotatedError when checkpoint `step`'s folder is gone (listed by Orbax a moment
-        ago, then deleted by the training run's rotation): a read that failed because of it is no corruption."""
-        if not (self.directory / str(step)).is_dir():
+        ago, then deleted by the training run's rotation): a read that failed because of it is no corruption.
+
+        Rotation deletes a folder file by file, so a read can fail on a missing file while the folder is still
+        there: after a failed read, while files keep disappearing from it (up to ROTATION_GRACE_S), this waits
+        for the folder to go before calling the failure corruption."""
+        folder = self.directory / str(step)
+        if error is not None:
+            deadline, count, still_since = time.monotonic() + ROTATION_GRACE_S, _file_count(folder), time.monotonic()
+            while count is not None and time.monotonic() < deadline and time.monotonic() - still_since < 0.2:
+                time.sleep(0.02)
+                now = _file_count(folder)
+                if now != count:
+                    count, still_since = now, time.monotonic()
+        if not folder.is_dir():
             raise CheckpointRotatedError(
                 f"checkpoint {self.directory}/{step} was deleted while it was read: the training run writing "
                 f"there keeps only its newest train.keep_checkpoints; name a newer one, or the run dir for its "
@@ -397,6 +411,14 @@ class Checkpointer:
             ocp.multihost.sync_global_processes(f"dapo_jax_quarantine_{step}")
         self.manager.reload()
         return dest
+
+
+def _file_count(folder: Path) -> int | None:
+    """How many files `folder` holds now (None once it is gone)."""
+    try:
+        return sum(len(files) for _, _, files in os.walk(folder)) if folder.is_dir() else None
+    except OSError:
+        return None
 
 
 def _reader(directory) -> Checkpointer:
