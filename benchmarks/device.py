@@ -153,7 +153,7 @@ def phase_train(args, cfg, mesh) -> dict:
     from dapo_jax.objectives.registry import load_objective
     from dapo_jax.parallel.host import to_global
     from dapo_jax.parallel.mesh import batch_sharding
-    from dapo_jax.training.config.run import OptimSection
+    from dapo_jax.training.config.sections import OptimSection
     from dapo_jax.training.update.programs import make_update
     from dapo_jax.training.update.train_step import Batch, init_train_state, make_logprob_fn, make_optimizer
 

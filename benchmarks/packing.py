@@ -21,7 +21,7 @@ from flax import nnx
 from benchmarks.harness import median
 from dapo_jax.models.hf_io import load_pretrained
 from dapo_jax.objectives.registry import load_objective
-from dapo_jax.training.config.run import OptimSection
+from dapo_jax.training.config.sections import OptimSection
 from dapo_jax.training.update.packed_step import PackedUpdate, default_chunk_rows, packing_stats
 from dapo_jax.training.update.train_step import Batch, init_train_state, make_optimizer, make_train_step
 

@@ -151,7 +151,7 @@ def matmul_peak(n: int = 1024, repeats: int = 5, dtype: str = "float32") -> floa
 
 # ----------------------------------------------------------------------------- our side
 def has_packing() -> bool:
-    from dapo_jax.training.config.run import OptimSection
+    from dapo_jax.training.config.sections import OptimSection
 
     try:
         from dapo_jax.training.update.packed_step import PackedUpdate  # noqa: F401
@@ -169,7 +169,8 @@ def has_compaction() -> bool:
 def default_fast_paths(w: Workload) -> tuple[bool, bool]:
     """`(optim.packing, rollout.compaction)` as a run config that leaves them unset resolves them for this
     workload (training/config/run.py's `resolve`): what a user's own config gets."""
-    from dapo_jax.training.config.run import RunConfig, resolve
+    from dapo_jax.training.config.resolve import resolve
+    from dapo_jax.training.config.run import RunConfig
 
     cfg = resolve(RunConfig.model_validate({
         "objective": {"name": "dapo", "dynamic_sampling": False, "overlong_buffer": None},
@@ -204,7 +205,7 @@ def _run_ours(model_dir, w, info, mesh, *, packing: bool, compaction: bool) -> d
     from dapo_jax.parallel.mesh import batch_sharding
     from dapo_jax.sampling.config import SamplingConfig
     from dapo_jax.sampling.sampler import make_generate
-    from dapo_jax.training.config.run import OptimSection
+    from dapo_jax.training.config.sections import OptimSection
     from dapo_jax.training.metrics import compile_count
     from dapo_jax.training.update.programs import make_update
     from dapo_jax.training.update.train_step import Batch, init_train_state, make_optimizer

@@ -39,7 +39,9 @@ from dapo_jax import startup  # noqa: E402
 startup.prepare()  # SIGTERM / SIGHUP during the imports below: one line; libtpu quiet without a TPU
 
 from dapo_jax.data.templates import TEMPLATES  # noqa: E402
-from dapo_jax.training.config.run import CONFIG_DIR, ConfigError, RunConfig, find_config, load_config  # noqa: E402
+from dapo_jax.training.config.base import ConfigError  # noqa: E402
+from dapo_jax.training.config.paths import CONFIG_DIR, find_config  # noqa: E402
+from dapo_jax.training.config.run import RunConfig, load_config  # noqa: E402
 from dapo_jax.training.rollout import StarvationError  # noqa: E402
 from dapo_jax.training.sources import DataError  # noqa: E402
 
@@ -166,7 +168,7 @@ def _default_template(target) -> str:
 def cmd_export(args) -> int:
     from dapo_jax.models.generation_config import load_generation_config
     from dapo_jax.models.hf_io import save_pretrained
-    from dapo_jax.training.config.run import resolve_path
+    from dapo_jax.training.config.paths import resolve_path
     from dapo_jax.training.loop import load_trained_model
 
     ckpt = Path(args.checkpoint)

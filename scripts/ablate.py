@@ -585,7 +585,8 @@ def main(argv=None) -> int:
     from experiment import available_cores
 
     args = parse_args(argv)
-    from dapo_jax.training.config.run import find_config, load_config
+    from dapo_jax.training.config.paths import find_config
+    from dapo_jax.training.config.run import load_config
 
     config = find_config(args.config) if args.config else default_config()  # a recipe's name or a file
     cfg = load_config(config, args.extra)

@@ -44,7 +44,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from dapo_jax.training.config.run import CONFIG_DIR  # noqa: E402
+from dapo_jax.training.config.paths import CONFIG_DIR  # noqa: E402
 
 CONFIG = CONFIG_DIR / "cot_grpo_rm.yaml"
 RM_PATH = "dapo_jax/assets/cot_rm"

@@ -378,7 +378,7 @@ def write_page(out: Path, text: str) -> str:
 
 def default_config() -> Path:
     """The main job's recipe: the run every experiment varies by default."""
-    from dapo_jax.training.config.run import CONFIG_DIR
+    from dapo_jax.training.config.paths import CONFIG_DIR
 
     return CONFIG_DIR / "cot_dapo.yaml"
 

@@ -23,7 +23,8 @@ IN_VENV = r"""
 import importlib, importlib.util, json, pkgutil, sys
 import dapo_jax
 from dapo_jax.data.templates import render_prompt
-from dapo_jax.training.config.run import PACKAGE_DIR, load_config
+from dapo_jax.training.config.paths import PACKAGE_DIR
+from dapo_jax.training.config.run import load_config
 from transformers import AutoTokenizer
 
 modules = [m.name for m in pkgutil.walk_packages(dapo_jax.__path__, "dapo_jax.")]

@@ -37,8 +37,11 @@ from dapo_jax.parallel.host import to_global
 from dapo_jax.parallel.mesh import batch_sharding
 from dapo_jax.sampling.sampler import make_generate
 from dapo_jax.training import loop, sources
-from dapo_jax.training.config.run import (ConfigError, RunConfig, config_from_dict, load_config, parse_overrides,
-    resolve, resolve_path)
+from dapo_jax.training.config.base import ConfigError
+from dapo_jax.training.config.overrides import parse_overrides
+from dapo_jax.training.config.paths import resolve_path
+from dapo_jax.training.config.resolve import resolve
+from dapo_jax.training.config.run import RunConfig, config_from_dict, load_config
 from dapo_jax.training.evaluate import eval_key, evaluate
 from dapo_jax.training.metrics import read_metrics
 from dapo_jax.training.state.checkpoint import ROTATION_RETRIES

@@ -25,7 +25,10 @@ import dataclasses
 from pathlib import Path
 
 from dapo_jax.data.datasets import FORMATS
-from dapo_jax.training.config.run import ConfigError, RewardFunction, RewardSection, SourceSection, resolve_path
+from dapo_jax.training.config.base import ConfigError
+from dapo_jax.training.config.data import SourceSection
+from dapo_jax.training.config.paths import resolve_path
+from dapo_jax.training.config.reward import RewardFunction, RewardSection
 
 FORMAT_REWARDS = {"gsm8k": "gsm8k", "math500": "math_verify", "aime": "integer", "amc": "math_verify",
                   "dapo_math": "dapo_answer", "synthetic": "synthetic", "custom": "math_verify"}

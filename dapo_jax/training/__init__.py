@@ -4,7 +4,8 @@
     train(load_config("tiny_dapo", ["train.steps=20"]))
 """
 
-from dapo_jax.training.config.run import ConfigError, RunConfig, config_from_dict, load_config, save_config
+from dapo_jax.training.config.base import ConfigError
+from dapo_jax.training.config.run import RunConfig, config_from_dict, load_config, save_config
 from dapo_jax.training.rollout import Groups, StarvationError, collect_groups
 
 

@@ -24,7 +24,9 @@ from dapo_jax.models.lora import merged_decoder
 from dapo_jax.parallel.mesh import make_mesh
 from dapo_jax.parallel.process_data import start_processes
 from dapo_jax.sampling.config import SamplingConfig
-from dapo_jax.training.config.run import ConfigError, RunConfig, resolve_path
+from dapo_jax.training.config.base import ConfigError
+from dapo_jax.training.config.paths import resolve_path
+from dapo_jax.training.config.run import RunConfig
 from dapo_jax.training.state.checkpoint import restore_params
 from dapo_jax.training.update.lora import PolicyWeights
 from dapo_jax.training.update.train_step import init_train_state, make_optimizer

@@ -41,7 +41,8 @@ from dapo_jax.agents.update import shape_episodes
 from dapo_jax.evaluation.metrics import avg_at_k, pass_at_k
 from dapo_jax.objectives.loss import dynamic_sampling_keep
 from dapo_jax.parallel.host import to_global
-from dapo_jax.training.config.run import ConfigError, RunConfig
+from dapo_jax.training.config.base import ConfigError
+from dapo_jax.training.config.run import RunConfig
 from dapo_jax.training.rollout import Groups, collect_groups
 
 TOOL_CALL_END = "</tool_call>"  # Hermes / Qwen2.5's tool-call end marker (agents/parse.py): a turn ends at it

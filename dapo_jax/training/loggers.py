@@ -18,7 +18,7 @@ import math
 import uuid
 from pathlib import Path
 
-from dapo_jax.training.config.run import ConfigError
+from dapo_jax.training.config.base import ConfigError
 
 
 class TensorBoardLogger:

@@ -30,7 +30,8 @@ from dapo_jax.parallel.process_data import ProcessShare, start_processes
 from dapo_jax.training import sources
 from dapo_jax.training.actor import Actor
 from dapo_jax.training.build import build_mesh, load_model, load_tokenizer, load_trained_model, sampling_config
-from dapo_jax.training.config.run import RunConfig, resolve, resolved_keys
+from dapo_jax.training.config.resolve import resolve, resolved_keys
+from dapo_jax.training.config.run import RunConfig
 from dapo_jax.training.difficulty import build_difficulty
 from dapo_jax.training.episode_source import EpisodeSource, evaluate_episodes, load_agent, tool_stop_sequences
 from dapo_jax.training.evaluate import eval_key, evaluate

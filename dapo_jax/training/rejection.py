@@ -32,7 +32,9 @@ from dapo_jax.parallel.mesh import batch_sharding
 from dapo_jax.sampling.sampler import make_generate
 from dapo_jax.training import sources
 from dapo_jax.training.build import build_mesh, load_model, load_tokenizer, sampling_config
-from dapo_jax.training.config.run import ConfigError, find_config, resolve
+from dapo_jax.training.config.base import ConfigError
+from dapo_jax.training.config.paths import find_config
+from dapo_jax.training.config.resolve import resolve
 from dapo_jax.training.evaluate import eval_key, evaluate
 
 

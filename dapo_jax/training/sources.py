@@ -30,7 +30,7 @@ from dapo_jax.rewards.custom import is_custom_name, make_custom_reward
 from dapo_jax.rewards.custom import label as custom_label
 from dapo_jax.rewards.pipeline import NonFiniteReward, RewardPipeline
 from dapo_jax.rewards.reward_model import LEARNED_REWARDS, LearnedReward, make_learned_reward
-from dapo_jax.training.config.run import BUILT_IN_TASKS, REPO_ROOT, resolve_path
+from dapo_jax.training.config.paths import BUILT_IN_TASKS, REPO_ROOT, resolve_path
 
 __all__ = ["DataError", "load_source", "make_stream", "resume_stream", "source_path", "decode_responses", "make_scorer"]
 

@@ -43,7 +43,10 @@ from dapo_jax.models.generation_config import load_generation_config
 from dapo_jax.models.hf_io import save_pretrained
 from dapo_jax.training import loop
 from dapo_jax.training.build import build_mesh, load_model, load_tokenizer, load_trained_model
-from dapo_jax.training.config.run import ConfigError, RunConfig, SourceSection, find_config, load_config, resolve_path
+from dapo_jax.training.config.base import ConfigError
+from dapo_jax.training.config.data import SourceSection
+from dapo_jax.training.config.paths import find_config, resolve_path
+from dapo_jax.training.config.run import RunConfig, load_config
 from dapo_jax.training.metrics import read_metrics
 from dapo_jax.training.rejection import rejection_sample
 

@@ -28,7 +28,8 @@ from dapo_jax.data.datasets import DataError, load_rows
 from dapo_jax.data.supervised import SupervisedStream, supervised_examples
 from dapo_jax.models.config import ModelConfig
 from dapo_jax.models.generation_config import load_generation_config, stop_token_ids
-from dapo_jax.training.config.run import RunConfig, resolve_path
+from dapo_jax.training.config.paths import resolve_path
+from dapo_jax.training.config.run import RunConfig
 from dapo_jax.training.rollout import Groups
 from dapo_jax.training.sources import source_path
 

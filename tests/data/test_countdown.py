@@ -79,7 +79,7 @@ def test_bad_knobs_name_themselves():
 
 
 def test_a_config_source_named_countdown_loads_its_rows():
-    from dapo_jax.training.config.run import SourceSection
+    from dapo_jax.training.config.data import SourceSection
     from dapo_jax.training.sources import load_source
 
     source = SourceSection(name="countdown", split="heldout", options=dict(KNOBS))

@@ -8,7 +8,8 @@ import pytest
 
 from dapo_jax.cli import main
 from dapo_jax.eval_command.run import EvalFlags, resolve_target, run_eval
-from dapo_jax.training.config.run import REPO_ROOT, ConfigError
+from dapo_jax.training.config.base import ConfigError
+from dapo_jax.training.config.paths import REPO_ROOT
 
 TINY_BASE = REPO_ROOT / "dapo_jax" / "assets" / "tiny_base"
 

@@ -4,7 +4,7 @@ their own answers score as right under the reward chosen for them."""
 import pytest
 
 from dapo_jax.eval_command.sets import FORMAT_REWARDS, default_name, infer_format, parse_data
-from dapo_jax.training.config.run import ConfigError
+from dapo_jax.training.config.base import ConfigError
 from dapo_jax.training.sources import load_source, make_scorer
 
 

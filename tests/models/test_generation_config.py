@@ -84,7 +84,8 @@ def test_save_pretrained_writes_a_file_transformers_reads(tmp_path):
 def test_rollout_stops_at_either_eos_listed_only_in_generation_config(tmp_path):
     """config.json names one EOS, generation_config.json two (as Qwen2.5-Instruct): rows end at either."""
     from dapo_jax.sampling import SamplingConfig, make_generate
-    from dapo_jax.training.config.run import load_config, resolve
+    from dapo_jax.training.config.resolve import resolve
+    from dapo_jax.training.config.run import load_config
     from dapo_jax.training.loop import sampling_config
 
     model = Decoder(ModelConfig(**TINY, eos_token_id=(1,), pad_token_id=0), rngs=nnx.Rngs(3))

@@ -166,7 +166,7 @@ def _tiny_model():
 
 def test_train_step_does_not_depend_on_micro_batches():
     from dapo_jax.models.logprobs import response_logprobs
-    from dapo_jax.training.config.run import OptimSection
+    from dapo_jax.training.config.sections import OptimSection
     from dapo_jax.training.update.train_step import Batch, init_train_state, make_optimizer, make_train_step
 
     cfg = load_objective("gdpo", gdpo_beta=1.0)

@@ -192,7 +192,7 @@ def _tiny_model():
 
 
 def test_train_step_micro_batch_invariant_and_blind_to_dropped_responses():
-    from dapo_jax.training.config.run import OptimSection
+    from dapo_jax.training.config.sections import OptimSection
     from dapo_jax.training.update.train_step import Batch, init_train_state, make_optimizer, make_train_step
 
     P, G, S, T, V = 4, 4, 3, 5, 32

@@ -190,7 +190,8 @@ def test_recompute_old_logp_follows_precision():
     assert rule(True, sampler_dtype="float32", trainer_dtype="float32", correction=None) is True
     assert rule(False, sampler_dtype="bfloat16", trainer_dtype="float32", correction=None) is False  # explicit wins
 
-    from dapo_jax.training.config.run import ConfigError, load_config
+    from dapo_jax.training.config.base import ConfigError
+    from dapo_jax.training.config.run import load_config
 
     def resolved(*overrides):
         cfg = load_config(None, list(overrides))
@@ -211,7 +212,7 @@ def test_train_step_with_correction_does_not_depend_on_micro_batches():
     train step is the whole-batch gradient of the NumPy-defined loss for micro_batches 1 and 4, and the
     ratio metrics are the same (the token modes and TIS weights are per token, checked above)."""
     from dapo_jax.models.logprobs import response_logprobs
-    from dapo_jax.training.config.run import OptimSection
+    from dapo_jax.training.config.sections import OptimSection
     from dapo_jax.training.update.train_step import init_train_state, make_optimizer, make_train_step
     from tests.training.update.test_train_step import make_batch, tiny_model
 

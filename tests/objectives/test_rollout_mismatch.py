@@ -114,7 +114,8 @@ def test_bypass_compares_the_current_policy_with_the_sampler():
 
 
 def test_bypass_sets_the_run_config():
-    from dapo_jax.training.config.run import ConfigError, load_config
+    from dapo_jax.training.config.base import ConfigError
+    from dapo_jax.training.config.run import load_config
 
     cfg = load_config(None, ["objective.name=dapo_bypass_geo_mask"])
     assert cfg.recompute_old_logp is False

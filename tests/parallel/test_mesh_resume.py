@@ -16,7 +16,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from dapo_jax.parallel.mesh import make_mesh
 from dapo_jax.training.state.checkpoint import Checkpointer
-from dapo_jax.training.config.run import ConfigError, load_config
+from dapo_jax.training.config.base import ConfigError
+from dapo_jax.training.config.run import load_config
 from dapo_jax.training.metrics import read_metrics
 from dapo_jax.training.state.run_dir import RunDir
 from tests.training.conftest import make_tiny_model, tiny_overrides

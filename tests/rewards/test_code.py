@@ -194,7 +194,7 @@ def test_hostile_responses_are_contained_with_the_wrong_reward(tmp_path):
 
 def test_no_sandbox_is_one_line_naming_the_reward_before_the_model_loads(monkeypatch):
     from dapo_jax.rewards import sandbox
-    from dapo_jax.training.config.run import RewardSection
+    from dapo_jax.training.config.reward import RewardSection
     from dapo_jax.training.sources import DataError, make_scorer
 
     monkeypatch.setattr(sandbox, "_bwrap_path", lambda: None)
@@ -206,7 +206,8 @@ def test_no_sandbox_is_one_line_naming_the_reward_before_the_model_loads(monkeyp
 
 
 def test_a_config_accepts_the_code_reward_and_rejects_its_bad_options():
-    from dapo_jax.training.config.run import ConfigError, load_config
+    from dapo_jax.training.config.base import ConfigError
+    from dapo_jax.training.config.run import load_config
 
     cfg = load_config(None, ["reward.functions=[{name: code, options: {partial: true}}]"])
     assert [(f.name, f.options) for f in cfg.reward.functions] == [("code", {"partial": True})]

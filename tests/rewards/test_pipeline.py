@@ -82,7 +82,8 @@ def test_on_error_a_row_the_reward_model_cannot_read(rm, on_error):
 
 def test_run_config_checks_and_one_line_errors(orm_dir, tmp_path):
     from dapo_jax.data.datasets import DataError
-    from dapo_jax.training.config.run import ConfigError, config_from_dict
+    from dapo_jax.training.config.base import ConfigError
+    from dapo_jax.training.config.run import config_from_dict
     from dapo_jax.training.sources import make_scorer
 
     def cfg(functions, **objective):

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dapo_jax.training.config.run import CONFIG_DIR, load_config
+from dapo_jax.training.config.paths import CONFIG_DIR
+from dapo_jax.training.config.run import load_config
 from tests.conftest import load_script
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,7 +8,8 @@ from flax import nnx
 
 from dapo_jax.objectives.config import ObjectiveConfig
 from dapo_jax.training.state.checkpoint import Checkpointer
-from dapo_jax.training.config.run import OptimSection, load_config
+from dapo_jax.training.config.run import load_config
+from dapo_jax.training.config.sections import OptimSection
 from dapo_jax.training.metrics import read_metrics
 from dapo_jax.training.update.train_step import init_train_state, make_optimizer, make_train_step
 from tests.objectives.test_adaptive_entropy import numpy_controller

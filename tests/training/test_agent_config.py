@@ -4,7 +4,9 @@ import warnings
 
 import pytest
 
-from dapo_jax.training.config.run import ConfigError, load_config, resolve
+from dapo_jax.training.config.base import ConfigError
+from dapo_jax.training.config.resolve import resolve
+from dapo_jax.training.config.run import load_config
 
 
 def cfg(*overrides):

@@ -16,7 +16,9 @@ from flax import nnx
 
 from dapo_jax.show import show_rollouts
 from dapo_jax.training.state.checkpoint import Checkpointer
-from dapo_jax.training.config.run import ConfigError, load_config, resolve
+from dapo_jax.training.config.base import ConfigError
+from dapo_jax.training.config.resolve import resolve
+from dapo_jax.training.config.run import load_config
 from dapo_jax.training.loop import load_trained_model, train
 from dapo_jax.training.metrics import read_metrics
 

@@ -12,7 +12,7 @@ from flax import nnx
 
 from dapo_jax.models.logprobs import response_logprobs
 from dapo_jax.objectives.config import ObjectiveConfig
-from dapo_jax.training.config.run import OptimSection
+from dapo_jax.training.config.sections import OptimSection
 from dapo_jax.training.update.train_step import init_train_state, make_optimizer, make_train_step
 from tests.training.update.test_train_step import leaves, make_batch, tiny_model
 

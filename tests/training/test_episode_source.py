@@ -117,7 +117,7 @@ def test_load_agent_applies_the_tool_timeout_default_and_checks_the_prompt_width
     import pytest
 
     from dapo_jax.training.build import load_tokenizer
-    from dapo_jax.training.config.run import ConfigError
+    from dapo_jax.training.config.base import ConfigError
     from dapo_jax.training.sources import make_stream
 
     def agent_of(*overrides):

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from dapo_jax.rewards import steps as steps_module
-from dapo_jax.training.config.run import ConfigError, load_config
+from dapo_jax.training.config.base import ConfigError
+from dapo_jax.training.config.run import load_config
 from dapo_jax.training.loop import train
 from tests.training.conftest import finite_step_rows
 

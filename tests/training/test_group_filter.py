@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from dapo_jax.objectives import ObjectiveConfig
-from dapo_jax.training.config.run import ConfigError, load_config
+from dapo_jax.training.config.base import ConfigError
+from dapo_jax.training.config.run import load_config
 from dapo_jax.training.group_filter import GroupFilter, selection_stats
 from dapo_jax.training.rollout import Groups
 

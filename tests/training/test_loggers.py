@@ -7,7 +7,8 @@ import types
 
 import pytest
 
-from dapo_jax.training.config.run import ConfigError, load_config
+from dapo_jax.training.config.base import ConfigError
+from dapo_jax.training.config.run import load_config
 from dapo_jax.training.loggers import TensorBoardLogger, WandbLogger, make_loggers
 from dapo_jax.training.metrics import MetricsWriter
 

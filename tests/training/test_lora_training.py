@@ -16,7 +16,10 @@ from dapo_jax.models.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, merged_decoder
 from dapo_jax.objectives.config import ObjectiveConfig
 from dapo_jax.sampling.config import SamplingConfig
 from dapo_jax.sampling.sampler import make_generate
-from dapo_jax.training.config.run import CONFIG_DIR, ConfigError, LoRASection, OptimSection, load_config
+from dapo_jax.training.config.base import ConfigError
+from dapo_jax.training.config.paths import CONFIG_DIR
+from dapo_jax.training.config.run import load_config
+from dapo_jax.training.config.sections import LoRASection, OptimSection
 from dapo_jax.training.update.lora import PolicyWeights
 from dapo_jax.training.update.train_step import (
     Batch, init_train_state, make_logprob_fn, make_optimizer, make_train_step, policy_logprobs,

@@ -7,7 +7,9 @@ import pytest
 
 from dapo_jax.data.char_tokenizer import build_char_tokenizer
 from dapo_jax.data.mixture import MixtureStream
-from dapo_jax.training.config.run import ConfigError, RewardSection, load_config
+from dapo_jax.training.config.base import ConfigError
+from dapo_jax.training.config.reward import RewardSection
+from dapo_jax.training.config.run import load_config
 from dapo_jax.training.mixture import MixtureScorer
 from dapo_jax.training.sources import DataError, make_scorer
 from dapo_jax.training.run_data import make_data

@@ -11,7 +11,8 @@ from flax import nnx
 
 from dapo_jax.plot import plot_run
 from dapo_jax.training.state.checkpoint import Checkpointer
-from dapo_jax.training.config.run import ConfigError, load_config
+from dapo_jax.training.config.base import ConfigError
+from dapo_jax.training.config.run import load_config
 from dapo_jax.training.loop import load_trained_model, train
 from dapo_jax.training.metrics import read_metrics
 

@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dapo_jax.training.config.run import ConfigError, load_config
+from dapo_jax.training.config.base import ConfigError
+from dapo_jax.training.config.run import load_config
 from dapo_jax.training.overlap import Prefetched, Prefetcher, pack, unpack
 from dapo_jax.training.rollout import Groups
 

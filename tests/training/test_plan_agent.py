@@ -3,7 +3,8 @@ compiled beside the update, and the KV cache is the engine's."""
 
 import json
 
-from dapo_jax.training.config.run import load_config, resolve_path
+from dapo_jax.training.config.paths import resolve_path
+from dapo_jax.training.config.run import load_config
 from dapo_jax.training.plan.memory import make_plan
 
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from dapo_jax.training.config.run import ConfigError
+from dapo_jax.training.config.base import ConfigError
 from dapo_jax.training.rejection import run_rft, select_kept
 
 

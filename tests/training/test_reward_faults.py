@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from dapo_jax.cli import json_line, main
-from dapo_jax.training.config.run import ConfigError, load_config
+from dapo_jax.training.config.base import ConfigError
+from dapo_jax.training.config.run import load_config
 from dapo_jax.training.metrics import read_metrics
 
 USER = Path(__file__).resolve().parents[1] / "rewards" / "user_rewards.py"

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 import dapo_jax
-from dapo_jax.training.config.run import CONFIG_DIR, load_config
+from dapo_jax.training.config.paths import CONFIG_DIR
+from dapo_jax.training.config.run import load_config
 from dapo_jax.training.loop import train
 from dapo_jax.training.metrics import read_metrics
 from tests.rewards.conftest import SEPARATOR, make_rm

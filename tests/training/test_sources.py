@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from dapo_jax.data.char_tokenizer import build_char_tokenizer
-from dapo_jax.training.config.run import RewardSection, SourceSection, load_config
+from dapo_jax.training.config.data import SourceSection
+from dapo_jax.training.config.reward import RewardSection
+from dapo_jax.training.config.run import load_config
 from dapo_jax.training.sources import DataError, decode_responses, load_source, make_scorer, make_stream
 
 TOK = build_char_tokenizer()

@@ -11,7 +11,8 @@ import pytest
 import yaml
 from flax import nnx
 
-from dapo_jax.training.config.run import ConfigError, load_config
+from dapo_jax.training.config.base import ConfigError
+from dapo_jax.training.config.run import load_config
 from dapo_jax.training.metrics import read_metrics
 from dapo_jax.training.stages import load_stages, run_stages
 

@@ -18,7 +18,8 @@ from dapo_jax.data.supervised import SupervisedExample, SupervisedStream
 from dapo_jax.models.config import ModelConfig
 from dapo_jax.models.decoder import Decoder
 from dapo_jax.objectives.registry import load_objective
-from dapo_jax.training.config.run import find_config, load_config
+from dapo_jax.training.config.paths import find_config
+from dapo_jax.training.config.run import load_config
 from dapo_jax.training.loop import load_trained_model, train
 from dapo_jax.training.metrics import read_metrics
 from dapo_jax.training.update.packed_step import PackedUpdate

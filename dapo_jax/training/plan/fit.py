@@ -28,7 +28,8 @@ import re
 from typing import Any, Iterator
 
 from dapo_jax.training.plan import memory as plan_module
-from dapo_jax.training.config.run import ConfigError, RunConfig, config_from_dict
+from dapo_jax.training.config.base import ConfigError
+from dapo_jax.training.config.run import RunConfig, config_from_dict
 
 UPDATE_PHASES = ("update", "log-prob", "critic", "update + overlapped rollout")
 ROLLOUT_PHASES = ("rollout", "eval rollout", "update + overlapped rollout")

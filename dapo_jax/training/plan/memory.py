@@ -38,7 +38,9 @@ import jax
 
 from dapo_jax.models.sharding import check_divisible
 from dapo_jax.parallel.mesh import make_mesh
-from dapo_jax.training.config.run import ConfigError, RunConfig, resolve
+from dapo_jax.training.config.base import ConfigError
+from dapo_jax.training.config.resolve import resolve
+from dapo_jax.training.config.run import RunConfig
 from dapo_jax.training.plan.chips import chip_for
 from dapo_jax.training.plan.compile import (Figures, GiB, cache_dir, extrapolate, lower_for, package_versions,
                                             shard_bytes)

@@ -10,7 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from dapo_jax.models.config import ModelConfig
-from dapo_jax.training.config.run import ConfigError, RunConfig, resolve_path
+from dapo_jax.training.config.base import ConfigError
+from dapo_jax.training.config.paths import resolve_path
+from dapo_jax.training.config.run import RunConfig
 from dapo_jax.training.plan.known_shapes import KNOWN_SHAPES, known_shape
 
 

@@ -20,7 +20,9 @@ import dataclasses
 import jax
 
 from dapo_jax.parallel.mesh import make_mesh
-from dapo_jax.training.config.run import ConfigError, RunConfig, config_from_dict, resolve
+from dapo_jax.training.config.base import ConfigError
+from dapo_jax.training.config.resolve import resolve
+from dapo_jax.training.config.run import RunConfig, config_from_dict
 from dapo_jax.training.plan.compile import GiB
 from dapo_jax.training.plan.memory import Plan, make_plan
 from dapo_jax.training.plan.model_config import plan_model_config

@@ -37,7 +37,7 @@ import sys
 import tempfile
 
 from dapo_jax.startup import quiet_libtpu, tpu_visible
-from dapo_jax.training.config.run import ConfigError
+from dapo_jax.training.config.base import ConfigError
 
 GiB = 2**30
 INSTALL = "pip install 'dapo_jax[tpu]'  (libtpu for jax 0.10.2, i.e. pip install 'jax[tpu]==0.10.2')"

@@ -27,7 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dapo_jax.training.config.run import ConfigError, RunConfig, resolve_path
+from dapo_jax.training.config.base import ConfigError
+from dapo_jax.training.config.paths import resolve_path
+from dapo_jax.training.config.run import RunConfig
 
 RECORD = "model.json"
 WINDOW = 4096  # bytes hashed at each end of every tensor

@@ -25,7 +25,8 @@ import pydantic_core
 import yaml
 
 from dapo_jax.objectives.config import ObjectiveConfig
-from dapo_jax.training.config.run import ConfigError, RunConfig, save_config
+from dapo_jax.training.config.base import ConfigError
+from dapo_jax.training.config.run import RunConfig, save_config
 from dapo_jax.training.state.failed_save import cause_of
 
 # Keys that may change between a run and its resume (they do not change the trajectory). The mesh

@@ -34,7 +34,7 @@ from dapo_jax.objectives.gae import advantages_and_targets, value_loss
 from dapo_jax.objectives.nll import nll_weights
 from dapo_jax.objectives.registry import AGGREGATIONS
 from dapo_jax.parallel.mesh import jit_keeping_layout
-from dapo_jax.training.config.run import resolve_path
+from dapo_jax.training.config.paths import resolve_path
 from dapo_jax.training.update.accumulate import finite_update, scan_pieces, zero_sums
 from dapo_jax.training.update.train_step import (Batch, TrainState, _split, init_train_state, make_optimizer,
                                                  map_prompt_chunks)

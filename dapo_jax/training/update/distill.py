@@ -20,7 +20,9 @@ from flax import nnx
 from dapo_jax.models.checks import check_finite_weights, check_tokenizer_fits
 from dapo_jax.models.hf_io import load_pretrained, load_tokenizer
 from dapo_jax.objectives.distill import reverse_kl_metric
-from dapo_jax.training.config.run import ConfigError, RunConfig, resolve_path
+from dapo_jax.training.config.base import ConfigError
+from dapo_jax.training.config.paths import resolve_path
+from dapo_jax.training.config.run import RunConfig
 
 
 class Teacher(NamedTuple):

@@ -44,7 +44,9 @@ from dapo_jax.parallel.host import to_global
 from dapo_jax.parallel.mesh import batch_divisor, batch_sharding
 from dapo_jax.sampling.continuous import ContinuousSampler, default_refill
 from dapo_jax.sampling.sampler import make_generate, shard_batch
-from dapo_jax.training.config.run import ConfigError, RunConfig, is_resolved
+from dapo_jax.training.config.base import ConfigError
+from dapo_jax.training.config.resolve import is_resolved
+from dapo_jax.training.config.run import RunConfig
 from dapo_jax.training.episode_source import turn_engine
 from dapo_jax.training.rollout import Groups
 from dapo_jax.training.update.packed_step import PackedUpdate

@@ -4,8 +4,9 @@ say what each one does."""
 import re
 
 from dapo_jax.objectives.config import ObjectiveConfig
-from dapo_jax.training.config.run import _all_keys
+from dapo_jax.training.config.keys import all_keys
 from dapo_jax.training.config.reference import DOC, main, render
+from dapo_jax.training.config.run import RunConfig
 
 
 def test_the_committed_reference_is_the_generated_one():
@@ -18,7 +19,7 @@ def test_every_key_is_listed_with_what_it_does():
     text = render()
     rows = dict(re.findall(r"^\| `([\w.]+)` \|.*\| ([^|]*) \|$", text, flags=re.M))
     keys = [k.replace("reward.functions.", "reward.functions.N.").replace("data.sources.", "data.sources.NAME.")
-            for k in _all_keys()]
+            for k in all_keys(RunConfig)]
     keys = [k for k in keys if not k.startswith("objective.")] + [f"objective.{k}" for k in ObjectiveConfig.model_fields]
     assert sorted(set(keys) - set(rows)) == []
     assert sorted(k for k in keys if not rows[k].strip()) == [], "comment these keys in their config class"

@@ -6,10 +6,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dapo_jax.training.config.run import (
-    CONFIG_DIR, DEFAULT_CONFIG, PACKAGE_DIR, ConfigError, RunConfig, config_from_dict, find_config, is_resolved,
-    load_config, parse_overrides, resolve, resolved_keys, save_config,
-)
+from dapo_jax.training.config.base import ConfigError
+from dapo_jax.training.config.overrides import parse_overrides
+from dapo_jax.training.config.paths import CONFIG_DIR, DEFAULT_CONFIG, PACKAGE_DIR, find_config
+from dapo_jax.training.config.resolve import is_resolved, resolve, resolved_keys
+from dapo_jax.training.config.run import RunConfig, config_from_dict, load_config, save_config
 
 SHIPPED = sorted(CONFIG_DIR.glob("*.yaml"))
 

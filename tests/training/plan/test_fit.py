@@ -33,7 +33,7 @@ def test_update_candidates_come_least_invasive_first():
 
 
 def test_overrides_the_config_refuses_are_config_errors():
-    from dapo_jax.training.config.run import ConfigError
+    from dapo_jax.training.config.base import ConfigError
 
     cfg = load_config(TINY, [])
     assert with_overrides(cfg, {"optim.micro_batches": 4}).optim.micro_batches == 4

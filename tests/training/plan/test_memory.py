@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from dapo_jax.training.config.run import ConfigError, load_config
+from dapo_jax.training.config.base import ConfigError
+from dapo_jax.training.config.run import load_config
 
 TINY = "configs/tiny_dapo.yaml"
 GiB = 2**30
@@ -35,7 +36,7 @@ def independent_param_bytes(hf: dict, *, fsdp: int = 1, itemsize: int = 4) -> in
 
 @pytest.fixture(scope="module")
 def tiny_hf():
-    from dapo_jax.training.config.run import resolve_path
+    from dapo_jax.training.config.paths import resolve_path
 
     return json.loads((resolve_path("dapo_jax/assets/tiny_base") / "config.json").read_text())
 

@@ -48,7 +48,7 @@ def test_the_plan_holds_the_reward_model_resident_and_compiles_its_scoring_once(
 
     import json
 
-    from dapo_jax.training.config.run import CONFIG_DIR
+    from dapo_jax.training.config.paths import CONFIG_DIR
 
     orm = make_rm(tmp_path / "orm", "sequence")
     cfg = load_config("tiny_dapo", ["data.eval=null", "reward.functions=[{name: synthetic}, {name: reward_model, "

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from dapo_jax.training.config.run import ConfigError
+from dapo_jax.training.config.base import ConfigError
 from dapo_jax.training.plan.slices import CHIPS, parse_family, parse_slice, slices_of, topology_devices, valid_names
 
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,

@@ -2,7 +2,8 @@
 
 import pytest
 
-from dapo_jax.training.config.run import ConfigError, load_config
+from dapo_jax.training.config.base import ConfigError
+from dapo_jax.training.config.run import load_config
 from dapo_jax.training.state.run_dir import RunDir
 
 

@@ -26,7 +26,7 @@ def model() -> Decoder:
     out, so ties are the only near-equal values). On it the two-pass update kept 11, 11 and 15 of a
     batch's tokens at micro_batches 1, 2, 4 (CPU, float32)."""
     from dapo_jax.models.hf_io import load_pretrained
-    from dapo_jax.training.config.run import REPO_ROOT
+    from dapo_jax.training.config.paths import REPO_ROOT
 
     return load_pretrained(REPO_ROOT / "dapo_jax" / "assets" / "tiny_base")
 

@@ -62,7 +62,7 @@ def test_another_tokenizer_is_refused_in_one_line(tiny_model_dir, tmp_path, over
 
 @pytest.mark.parametrize("objective", ["sft", "vapo"])
 def test_distillation_needs_a_policy_gradient_objective(tiny_model_dir, tmp_path, overrides_for, objective):
-    from dapo_jax.training.config.run import ConfigError
+    from dapo_jax.training.config.base import ConfigError
 
     with pytest.raises(ConfigError, match="distill: on-policy distillation adds to a policy-gradient"):
         load_config("dapo_jax/configs/cot_sft.yaml" if objective == "sft" else "tiny_vapo",

@@ -119,7 +119,7 @@ def test_tail_chunks_change_no_result(tail, share):
 def test_lora_packed_update_equals_unpacked():
     """LoRA (the base frozen, merged in by the step's `frozen` argument): the packed update of the adapters
     equals the unpacked one, and both leave the base alone. B starts non-zero so both A and B move."""
-    from dapo_jax.training.config.run import LoRASection
+    from dapo_jax.training.config.sections import LoRASection
     from dapo_jax.training.update.lora import PolicyWeights
 
     policy, adapters = PolicyWeights.build(tiny_model(), LoRASection(rank=2, alpha=4.0), seed=0)

@@ -198,7 +198,7 @@ def _run_and_plan(config, extra):
 
     from dapo_jax.parallel.mesh import batch_sharding, committed
     from dapo_jax.training.build import build_mesh, load_model, load_tokenizer, sampling_config
-    from dapo_jax.training.config.run import resolve
+    from dapo_jax.training.config.resolve import resolve
     from dapo_jax.training.update.critic import Critic
     from dapo_jax.training.update.lora import PolicyWeights
     from dapo_jax.training.plan.programs import build_world
@@ -308,7 +308,7 @@ def test_make_update_shares_prompts_only_where_the_attention_branches(attention,
     from dapo_jax.models.attention import resolve, supports_branches
     from dapo_jax.objectives.config import ObjectiveConfig
     from dapo_jax.parallel.mesh import make_mesh
-    from dapo_jax.training.config.run import OptimSection
+    from dapo_jax.training.config.sections import OptimSection
     from dapo_jax.training.update.programs import make_update
     from dapo_jax.training.update.train_step import make_optimizer
 
@@ -333,7 +333,7 @@ def test_the_plan_lowers_continuous_batchings_programs_with_the_streams_inputs()
 
     from dapo_jax.models.config import ModelConfig
     from dapo_jax.parallel.mesh import make_mesh
-    from dapo_jax.training.config.run import resolve
+    from dapo_jax.training.config.resolve import resolve
     from dapo_jax.training.plan.programs import build_world
 
     cfg = resolve(load_config("tiny_dapo", ["rollout.continuous=true", "data.eval=null"]))

@@ -11,7 +11,7 @@ from flax import nnx
 
 from dapo_jax.models.config import ModelConfig
 from dapo_jax.models.decoder import Decoder
-from dapo_jax.training.config.run import OptimSection
+from dapo_jax.training.config.sections import OptimSection
 from dapo_jax.training.update.train_step import Batch, init_train_state, make_optimizer, make_schedule, make_train_step
 
 P, G, S, T, V = 4, 3, 5, 6, 32
