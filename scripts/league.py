@@ -88,7 +88,7 @@ ROWS = (
         "other", ("optim.packing=false",)),
     Row("grpo_process", "GRPO + process supervision", "grpo_process",
         "sparse outcome reward: one reward per running-sum line", "other"),
-    # added since mid-2025 (docs/objectives.md#since-mid-2025)
+    # added since mid-2025 (docs/objectives_recent.md#since-mid-2025)
     Row("sapo", "SAPO", "sapo", "the hard clip's cliff: a smooth sigmoid gate, colder for negative advantages", "recent"),
     Row("gmpo", "GMPO", "gmpo", "outlier token ratios: the geometric mean of clipped ratios per response", "recent"),
     Row("clip_cov", "Clip-Cov", "clip_cov", "entropy collapse: cut the gradient of a few high-covariance tokens",

@@ -1,5 +1,5 @@
 """Skywork-OR1's adaptive entropy coefficient (He et al., "Skywork Open Reasoner 1 Technical Report",
-arXiv 2505.22312; docs/objectives.md#adaptive-entropy-skywork-or1).
+arXiv 2505.22312; docs/objectives_recent.md#adaptive-entropy-skywork-or1).
 
 The loss of step k is `L = L_PG − α_k · H̄` (`policy_loss.entropy_bonus` with a coefficient that changes
 from step to step). A controller keeps the policy's entropy near a target `tgt`: after step k, with `e_k`
@@ -11,9 +11,10 @@ the step's token-mean entropy,
     α_{k+1} = c_{k+1} · g_{k+1}             the coefficient step k+1's loss applies
 
 This is the authors' code (`EntController`: one step of lag, the gate from the previous step's entropy);
-the paper as quoted gates with the current step's entropy, TRL increments on equality (docs/objectives.md
-lists the differences). Step 1 applies `α_1 = c_0` (`EntropyControl.start`). The controller's state
-`(c, g)` is the run's (`training/state/run_state.py` checkpoints it), the update below is pure.
+the paper as quoted gates with the current step's entropy, TRL increments on equality
+(docs/objectives_recent.md lists the differences). Step 1 applies `α_1 = c_0` (`EntropyControl.start`).
+The controller's state `(c, g)` is the run's (`training/state/run_state.py` checkpoints it), the update
+below is pure.
 """
 
 from __future__ import annotations

@@ -162,7 +162,7 @@ class ObjectiveConfig(BaseModel):
     off_policy_k3_threshold: float = Field(0.01, gt=0.0)
     off_policy_batch_normalize: bool = False
     off_policy_bypass: bool = False
-    # the objectives added since mid-2025 (docs/objectives.md#since-mid-2025)
+    # the objectives added since mid-2025 (docs/objectives_recent.md#since-mid-2025)
     sapo_tau_pos: float = Field(1.0, gt=0.0)
     sapo_tau_neg: float = Field(1.05, gt=0.0)
     clip_cov_ratio: float = Field(2e-4, gt=0.0, le=1.0)

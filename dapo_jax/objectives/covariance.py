@@ -1,5 +1,6 @@
 """Clip-Cov and KL-Cov: act on the few tokens whose log-prob and advantage covary most
-(Cui et al., "The Entropy Mechanism of RL for Reasoning LMs", arXiv 2505.22617; docs/objectives.md#clip-cov-kl-cov).
+(Cui et al., "The Entropy Mechanism of RL for Reasoning LMs", arXiv 2505.22617;
+docs/objectives_recent.md#clip-cov-kl-cov).
 
 Over the valid tokens of the whole update batch (N of them), with the current policy's detached logp:
 

@@ -1,5 +1,5 @@
 """DeepSeek-V3.2's off-policy sequence masking and unbiased KL estimate (arXiv 2512.02556, §3.1,
-Eqs. 7 and 9; docs/objectives.md#deepseek-v32).
+Eqs. 7 and 9; docs/objectives_recent.md#deepseek-v32).
 
 Off-policy sequence mask (OPSM): a response with a negative advantage whose policy has drifted too far
 from the one that sampled it is dropped from the policy term:

@@ -1,5 +1,5 @@
 """DPPO: a trust region on a divergence between the policies, not on the ratio
-(Qi et al., "Rethinking the Trust Region in LLM RL", arXiv 2602.04879; docs/objectives.md#dppo).
+(Qi et al., "Rethinking the Trust Region in LLM RL", arXiv 2602.04879; docs/objectives_recent.md#dppo).
 
 With p = π_θ(o_t) = exp(sg(logp)) and q = μ(o_t) = exp(old) the probabilities of the sampled token
 (the "binary" approximation: this token against everything else), a token is kept when the move

@@ -1,4 +1,4 @@
-"""GMPO: geometric-mean policy optimisation (Zhao et al., arXiv 2507.20673; docs/objectives.md#gmpo).
+"""GMPO: geometric-mean policy optimisation (Zhao et al., arXiv 2507.20673; docs/objectives_recent.md#gmpo).
 
 One importance weight per response, the geometric mean of its token ratios, each clipped in log
 space on PPO's pessimistic side only:

@@ -1,4 +1,4 @@
-"""SAPO: soft adaptive policy optimisation (Gao et al., Qwen, arXiv 2511.20347; docs/objectives.md#sapo).
+"""SAPO: soft adaptive policy optimisation (Gao et al., Qwen, arXiv 2511.20347; docs/objectives_recent.md#sapo).
 
 A smooth gate of the ratio in place of PPO's hard clip, with its own temperature for positive and
 negative advantages:

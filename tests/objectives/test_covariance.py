@@ -1,4 +1,4 @@
-"""Clip-Cov and KL-Cov against float64 NumPy (docs/objectives.md#clip-cov-kl-cov): the covariance, the
+"""Clip-Cov and KL-Cov against float64 NumPy (docs/objectives_recent.md#clip-cov-kl-cov): the covariance, the
 candidate window, the n = ⌊r·N⌋ draw given the priorities, KL-Cov's top-k with ties, losses, gradients."""
 
 import jax

@@ -1,5 +1,6 @@
-"""DeepSeek-V3.2's off-policy sequence mask and unbiased KL against float64 NumPy (docs/objectives.md#deepseek-v32):
-the one-sided mask, that it drops the policy term only (the KL and the denominator stay), the KL's gradient."""
+"""DeepSeek-V3.2's off-policy sequence mask and unbiased KL against float64 NumPy
+(docs/objectives_recent.md#deepseek-v32): the one-sided mask, that it drops the policy term only (the KL and
+the denominator stay), the KL's gradient."""
 
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""DPPO against float64 NumPy (docs/objectives.md#dppo): the binary TV and KL regions, the loss and its
+"""DPPO against float64 NumPy (docs/objectives_recent.md#dppo): the binary TV and KL regions, the loss and its
 gradient −A·min(ρ, C)·keep, masked tokens, and the masked-fraction diagnostic."""
 
 import jax

@@ -1,4 +1,4 @@
-"""GMPO against a float64 NumPy transcription (docs/objectives.md#gmpo): the sign-aware log-space clip,
+"""GMPO against a float64 NumPy transcription (docs/objectives_recent.md#gmpo): the sign-aware log-space clip,
 the geometric mean over valid tokens, gradients (finite differences away from the clip edges), padding."""
 
 import jax

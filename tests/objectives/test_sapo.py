@@ -1,5 +1,5 @@
 """SAPO against a float64 NumPy transcription of the paper's gate: values, gradients (analytic and
-finite differences), the A = 0 tie, dtypes, and the gate-weight diagnostics (docs/objectives.md#sapo)."""
+finite differences), the A = 0 tie, dtypes, and the gate-weight diagnostics (docs/objectives_recent.md#sapo)."""
 
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""The objectives added since mid-2025 in the real update (docs/objectives.md#since-mid-2025): the step does
+"""The objectives added since mid-2025 in the real update (docs/objectives_recent.md#since-mid-2025): the step does
 not depend on micro_batches (1 / 2 / 4) or packing, Clip-Cov and KL-Cov select over the whole update batch
 (checked against a NumPy selection), and every objective gives the same terms on a 2-device mesh."""
 
