@@ -168,7 +168,7 @@ def has_compaction() -> bool:
 
 def default_fast_paths(w: Workload) -> tuple[bool, bool]:
     """`(optim.packing, rollout.compaction)` as a run config that leaves them unset resolves them for this
-    workload (training/config/run.py's `resolve`): what a user's own config gets."""
+    workload (training/config/resolve.py): what a user's own config gets."""
     from dapo_jax.training.config.resolve import resolve
     from dapo_jax.training.config.run import RunConfig
 

@@ -189,7 +189,7 @@ def _settings_cfg(cfg: RunConfig, s: dict) -> RunConfig:
 def run_eval(target: Target, sets: list[EvalSet], flags: EvalFlags = EvalFlags()) -> dict:
     """Evaluates the target on every set (the run's own evaluation set, named `eval`, when `sets` is
     empty); returns the report: settings, per-set metrics and the per-problem records."""
-    cfg = resolve(target.cfg)  # rollout.compaction, as the run resolves it (training/config/run.py)
+    cfg = resolve(target.cfg)  # rollout.compaction, as the run resolves it (training/config/resolve.py)
     if not sets:
         if cfg.data.eval is None:
             raise ConfigError(f"{target.label}: nothing to evaluate on: pass --data (the config has no data.eval)")

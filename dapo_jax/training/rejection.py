@@ -61,7 +61,7 @@ def rejection_sample(cfg, params_model, tokenizer, *, out: str | Path, k: int, p
     (`select_kept`) and writes them to `out`; returns the counts (prompts, sampled, correct, kept)."""
     if k < 1:
         raise ConfigError(f"--k {k}: sample at least 1 response per prompt")
-    cfg = resolve(cfg)  # rollout.compaction, as the run resolves it (training/config/run.py)
+    cfg = resolve(cfg)  # rollout.compaction, as the run resolves it (training/config/resolve.py)
     problems = {p.index: p for p in sources.load_source(cfg.data.train, seed=cfg.data.seed)}
     stream = sources.make_stream(cfg.data.train, tokenizer, max_prompt_length=cfg.data.max_prompt_length,
                                  seed=cfg.data.seed, shuffle=False)

@@ -24,7 +24,6 @@ import yaml
 from pydantic import ValidationInfo, model_validator
 
 from dapo_jax.objectives.off_policy import recompute_old_logp
-from dapo_jax.objectives.registry import load_objective
 from dapo_jax.training.config.agent import AgentSection, agent_checks
 from dapo_jax.training.config.base import ConfigError, KeyedError, Section, did_you_mean
 from dapo_jax.training.config.data import DataSection
