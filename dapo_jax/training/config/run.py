@@ -193,7 +193,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     """Reads `path` (None = the embedded default; a recipe name or path: `find_config`), applies dotted
     overrides, validates everything.
 
-    Relative paths in the file are looked up beside the file first (`_anchor_paths`); relative paths
+    Relative paths in the file are looked up beside the file first (`overrides.anchor_paths`); relative paths
     in overrides are relative to the working directory, as typed in a shell.
     """
     path = find_config(path) if path is not None else DEFAULT_CONFIG
