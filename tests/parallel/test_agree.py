@@ -1,0 +1,79 @@
+"""A start-up check that one process makes for all ends every process alike (`parallel/agree.py`).
+
+The real case: a two-process run (jax.distributed over localhost, as in test_multiprocess.py) started
+into a run dir whose lock this test process holds. Process 0 finds the lock taken; before, it exited 2
+alone, process 1 went on into the first collective and blamed process 0 as lost (exit 7), and process 0
+aborted from C++ in JAX's shutdown barrier (a stack dump, about 105 s later). Now both say the run dir
+is in use, in one line each, and exit 2 at once, having written nothing but the lock file's open.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dapo_jax.parallel.agree import agree
+from dapo_jax.training.config.run import load_config
+from dapo_jax.training.state.run_dir import RunDir
+from tests.parallel.test_multiprocess import REPO, _free_port, _launch, _tail, _wait
+from tests.training.conftest import make_tiny_model
+
+HANG_GUARD_S = 240  # a bound against a hang, not a timing: the bug ended in an abort after ~105 s
+
+
+def test_in_one_process_agree_returns_its_own_error_without_a_store():
+    assert agree("a check", None, timeout_s=1) == {}
+    assert agree("a check", "x: bad", timeout_s=1) == {0: "x: bad"}
+
+
+def test_two_processes_agree_on_every_error_and_name_the_one_that_never_came():
+    """Both fine: nothing found. Process 1's error: both processes return it, in a second call of the
+    same name (calls are numbered, so it does not read the first call's verdicts). A process that never
+    makes the call: the other raises PeerLost naming it once the timeout (3 s) has passed."""
+    calls = [[["check", None], ["check", None], ["late", None]],  # process 0
+             [["check", None], ["check", "data.train: x.jsonl: missing"]]]  # process 1 never reaches "late"
+    coordinator = f"localhost:{_free_port()}"
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"}
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.parallel.agree_pair", coordinator, str(i), json.dumps(c)],
+                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i, c in enumerate(calls)]
+    try:
+        outs = [p.communicate(timeout=HANG_GUARD_S) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0], outs
+    got = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    found = {"1": "data.train: x.jsonl: missing"}
+    assert got[1] == [{}, found], outs
+    assert got[0][:2] == [{}, found], outs
+    assert got[0][2].startswith("PeerLost: process(es) [1] of the run's 2 did not reach late within 3 s"), got[0]
+
+
+def test_a_run_dir_in_use_stops_both_processes_with_its_line_and_exit_2(tmp_path):
+    model_dir = make_tiny_model(tmp_path / "model")
+    run_dir = tmp_path / "held" / "run"
+    held = RunDir(load_config(None, [f"train.run_dir={run_dir}"])).__enter__()  # this process holds the lock
+    try:
+        procs = _launch(model_dir, run_dir, "held")
+        _wait(procs, time.time() + HANG_GUARD_S)
+    finally:
+        held.__exit__()
+    assert [p.returncode for p, _, _ in procs] == [2, 2], _tail(procs)
+    for i, (_, log, record) in enumerate(procs):
+        text = log.read_text()
+        lines = [line for line in text.splitlines() if line.startswith("dapo-jax:")]
+        assert len(lines) == 1, _tail(procs)
+        assert lines[0].startswith(f"dapo-jax: ConfigError: train.run_dir: {run_dir} is in use by pid {os.getpid()} "), lines
+        assert ("process 0 found it" in lines[0]) == (i == 1), lines
+        for crash in ("Traceback", "Check failure stack trace", "Terminating process", "PeerLost", "Fatal"):
+            assert crash not in text, (crash, _tail(procs))
+        # refused before anything was written (the lock is taken before the model loads): at most the
+        # run dir itself and the lock file's open on process 0
+        wrote = {line.split()[1] for line in record.read_text().splitlines()} if record.exists() else set()
+        assert wrote <= {".", ".lock"}, (i, sorted(wrote))
