@@ -55,6 +55,21 @@ def test_two_processes_agree_on_every_error_and_name_the_one_that_never_came():
     assert got[0][2].startswith("PeerLost: process(es) [1] of the run's 2 did not reach late within 3 s"), got[0]
 
 
+def _refused(procs, line: str, wrote_at_most: set[str]) -> None:
+    """Both processes exited 2 with one `dapo-jax:` line each, starting `line` (process 1's may add
+    who found it), without a traceback or a C++ abort, having written at most `wrote_at_most` under the
+    run dir."""
+    assert [p.returncode for p, _, _ in procs] == [2, 2], _tail(procs)
+    for i, (_, log, record) in enumerate(procs):
+        text = log.read_text()
+        lines = [x for x in text.splitlines() if x.startswith("dapo-jax:")]
+        assert len(lines) == 1 and lines[0].startswith(line), (i, _tail(procs))
+        for crash in ("Traceback", "Check failure stack trace", "Terminating process", "PeerLost", "Fatal"):
+            assert crash not in text, (crash, _tail(procs))
+        wrote = {x.split()[1] for x in record.read_text().splitlines()} if record.exists() else set()
+        assert wrote <= wrote_at_most, (i, sorted(wrote))
+
+
 def test_a_run_dir_in_use_stops_both_processes_with_its_line_and_exit_2(tmp_path):
     model_dir = make_tiny_model(tmp_path / "model")
     run_dir = tmp_path / "held" / "run"
@@ -64,16 +79,23 @@ def test_a_run_dir_in_use_stops_both_processes_with_its_line_and_exit_2(tmp_path
         _wait(procs, time.time() + HANG_GUARD_S)
     finally:
         held.__exit__()
-    assert [p.returncode for p, _, _ in procs] == [2, 2], _tail(procs)
-    for i, (_, log, record) in enumerate(procs):
-        text = log.read_text()
-        lines = [line for line in text.splitlines() if line.startswith("dapo-jax:")]
-        assert len(lines) == 1, _tail(procs)
-        assert lines[0].startswith(f"dapo-jax: ConfigError: train.run_dir: {run_dir} is in use by pid {os.getpid()} "), lines
-        assert ("process 0 found it" in lines[0]) == (i == 1), lines
-        for crash in ("Traceback", "Check failure stack trace", "Terminating process", "PeerLost", "Fatal"):
-            assert crash not in text, (crash, _tail(procs))
-        # refused before anything was written (the lock is taken before the model loads): at most the
-        # run dir itself and the lock file's open on process 0
-        wrote = {line.split()[1] for line in record.read_text().splitlines()} if record.exists() else set()
-        assert wrote <= {".", ".lock"}, (i, sorted(wrote))
+    # refused before anything was written (the lock is taken before the model loads): at most the
+    # run dir itself and the lock file's open on process 0
+    _refused(procs, f"dapo-jax: ConfigError: train.run_dir: {run_dir} is in use by pid {os.getpid()} ", {".", ".lock"})
+    lines = [[x for x in log.read_text().splitlines() if x.startswith("dapo-jax:")][0] for _, log, _ in procs]
+    assert "process 0 found it" not in lines[0] and "process 0 found it" in lines[1], lines
+
+
+def test_a_missing_logger_package_stops_both_processes_before_anything_loads(tmp_path, monkeypatch):
+    """`train.loggers: [wandb]` without wandb installed (a `wandb` package that fails to import, first
+    on the path): only process 0 builds the loggers, after the model has loaded, so the check runs on
+    every process before that (before: process 0 exited 2 there while process 1 waited in a collective)."""
+    hidden = tmp_path / "no_wandb" / "wandb"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ImportError('wandb hidden by the test')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(hidden.parent), os.environ.get("PYTHONPATH")])))
+    run_dir = tmp_path / "wandb" / "run"
+    run_dir.parent.mkdir()
+    procs = _launch(make_tiny_model(tmp_path / "model"), run_dir, "wandb", **{"train.loggers": "[wandb]"})
+    _wait(procs, time.time() + HANG_GUARD_S)
+    _refused(procs, "dapo-jax: ConfigError: train.loggers: wandb is listed but the package is not installed", set())
