@@ -1,6 +1,6 @@
 """A check that one process makes for all (process 0 takes the run dir's lock) ends every process alike.
 
-    found = agree("run_dir", None if ok else "the one-line error", timeout_s=300)   # {process: error}
+    found = agree("the run dir's lock", None if ok else "the one-line error", timeout_s=300)  # {process: error}
     if found: raise ConfigError(...)     # on every process, each with the line the finder wrote
 
 Left alone, process 0 raises its one line and exits 2, while the others go on into the first
