@@ -1,10 +1,12 @@
-"""A start-up check that one process makes for all ends every process alike (`parallel/agree.py`).
+"""A start-up check that fails ends every process of a multi-process run alike (`parallel/agree.py`).
 
-The real case: a two-process run (jax.distributed over localhost, as in test_multiprocess.py) started
+The real cases: a two-process run (jax.distributed over localhost, as in test_multiprocess.py) started
 into a run dir whose lock this test process holds. Process 0 finds the lock taken; before, it exited 2
 alone, process 1 went on into the first collective and blamed process 0 as lost (exit 7), and process 0
 aborted from C++ in JAX's shutdown barrier (a stack dump, about 105 s later). Now both say the run dir
-is in use, in one line each, and exit 2 at once, having written nothing but the lock file's open.
+is in use, in one line each, and exit 2 at once, having written nothing but the lock file's open. And
+a pair started with `train.loggers: [wandb]` where wandb cannot be imported: both exit 2 before the
+model loads (before, process 0 alone found it, after the model had loaded, and process 1 hung).
 """
 
 import json
