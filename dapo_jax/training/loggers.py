@@ -35,13 +35,26 @@ class TensorBoardLogger:
         self._tb.close()
 
 
+def _import_wandb():
+    try:
+        import wandb
+    except ImportError:
+        raise ConfigError("train.loggers: wandb is listed but the package is not installed: "
+                          "pip install -e \".[wandb]\" (or drop it from train.loggers)") from None
+    return wandb
+
+
+def check_loggers(cfg) -> None:
+    """Raises `ConfigError` when a logger `cfg.train` asks for cannot be built (wandb not installed). Every
+    process calls it before the model loads: only process 0 builds the loggers, after the model, where
+    its error would leave the other processes of the run waiting in their first collective."""
+    if "wandb" in cfg.train.active_loggers:
+        _import_wandb()
+
+
 class WandbLogger:
     def __init__(self, run_dir: str | Path, settings, config: dict | None = None):
-        try:
-            import wandb
-        except ImportError:
-            raise ConfigError("train.loggers: wandb is listed but the package is not installed: "
-                              "pip install -e \".[wandb]\" (or drop it from train.loggers)") from None
+        wandb = _import_wandb()
         run_dir = Path(run_dir)
         id_file = run_dir / "wandb_run_id"
         run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]

@@ -36,7 +36,7 @@ from dapo_jax.training.difficulty import build_difficulty
 from dapo_jax.training.episode_source import EpisodeSource, evaluate_episodes, load_agent, tool_stop_sequences
 from dapo_jax.training.evaluate import eval_key, evaluate
 from dapo_jax.training.group_filter import GroupFilter
-from dapo_jax.training.loggers import make_loggers
+from dapo_jax.training.loggers import check_loggers, make_loggers
 from dapo_jax.training.metrics import MetricsWriter, compile_count
 from dapo_jax.training.overlap import Prefetcher
 from dapo_jax.training.report import Progress, ReadsNothing, counters, step_row
@@ -81,6 +81,7 @@ def train(cfg: RunConfig) -> dict:
     stream, eval_stream, scorer = make_data(cfg, tokenizer, objective)
     if cfg.distill is not None:  # on-policy distillation: the teacher reads the same token ids (one line if not)
         check_teacher(cfg, tokenizer)
+    check_loggers(cfg)  # on every process: only process 0 builds them, once the model has loaded
     # process supervision (docs/objectives.md#process-supervision): a process reward model's step rewards,
     # else the first reward function's rule steps (rewards/steps.py)
     step_scorer = scorer.step_scorer(tokenizer) if objective.needs_step_rewards and cfg.agent is None else None

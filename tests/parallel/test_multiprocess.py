@@ -50,10 +50,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(model_dir: Path, run_dir: Path, tag: str, kill_1_at: str | None = None
+def _launch(model_dir: Path, run_dir: Path, tag: str, kill_1_at: str | None = None, **extra
             ) -> list[tuple[subprocess.Popen, Path, Path]]:
     """Starts the two processes of a run (`tests/parallel/audited_train.py` records what each writes;
-    with `kill_1_at`, process 1 SIGKILLs itself at its first write under RUN_DIR/kill_1_at)."""
+    with `kill_1_at`, process 1 SIGKILLs itself at its first write under RUN_DIR/kill_1_at; `extra`:
+    overrides besides EXTRA's)."""
     port = _free_port()
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"}
     out = []
@@ -62,7 +63,7 @@ def _launch(model_dir: Path, run_dir: Path, tag: str, kill_1_at: str | None = No
             env = {**env, "AUDITED_TRAIN_SIGKILL_AT": kill_1_at}
         log, record = run_dir.parent / f"{tag}.p{i}.log", run_dir.parent / f"{tag}.p{i}.writes"
         cmd = [sys.executable, "-m", "tests.parallel.audited_train", str(record), str(run_dir), "train", "tiny_dapo",
-               *tiny_overrides(model_dir, run_dir, **EXTRA), f"mesh.distributed.coordinator=localhost:{port}",
+               *tiny_overrides(model_dir, run_dir, **{**EXTRA, **extra}), f"mesh.distributed.coordinator=localhost:{port}",
                "mesh.distributed.num_processes=2", f"mesh.distributed.process_id={i}"]
         with open(log, "w") as f:
             out.append((subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT), log, record))

@@ -8,7 +8,8 @@
 The lock is an OS file lock (`filelock`), released by the kernel when the holder dies, even by
 SIGKILL, so a crashed run never leaves a stale lock; the holder's pid and host sit beside it so
 that the second run's error can name them. In a multi-process run process 0 holds it and writes
-for all.
+for all, and tells the others whether it got it (`parallel/agree.py`): a run dir in use stops every
+process with the same line, exit 2, before the model loads.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import pydantic_core
 import yaml
 
 from dapo_jax.objectives.config import ObjectiveConfig
+from dapo_jax.parallel.agree import agree
+from dapo_jax.parallel.mesh import START_TIMEOUT_S
 from dapo_jax.training.config.base import ConfigError
 from dapo_jax.training.config.run import RunConfig, save_config
 from dapo_jax.training.state.failed_save import cause_of
@@ -51,22 +54,35 @@ class RunDir:
 
     def __enter__(self) -> "RunDir":
         self.path.mkdir(parents=True, exist_ok=True)
-        if jax.process_index() != 0:  # one lock per run: process 0 holds it for all (shared file systems)
-            return self
+        refused = self._take_lock() if jax.process_index() == 0 else None  # process 0 holds it for all
+        distributed = self.cfg.mesh.distributed
+        found = agree("the run dir's lock", None if refused is None else str(refused),  # parallel/agree.py
+                      timeout_s=distributed.start_timeout_s if distributed is not None else START_TIMEOUT_S)
+        if refused is not None:
+            raise refused
+        if found:  # what process 0 found, said by every process: all of them exit 2 together
+            self.__exit__()
+            who, line = min(found.items())
+            raise ConfigError(f"{line} (process {who} found it: it takes the lock for all the run's processes)")
+        return self
+
+    def _take_lock(self) -> ConfigError | None:
+        """Takes RUN_DIR/.lock (one lock per run, for shared file systems); the error when it cannot."""
         holder = self.path / ".lock.holder"
         self._lock = filelock.FileLock(str(self.path / ".lock"), timeout=0)
         try:
             self._lock.acquire()
             holder.write_text(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
         except filelock.Timeout:
+            self._lock = None
             who = holder.read_text().strip() if holder.exists() else "another process"
-            raise ConfigError(f"train.run_dir: {self.path} is in use by {who}; wait for it or choose another "
-                              f"train.run_dir") from None
+            return ConfigError(f"train.run_dir: {self.path} is in use by {who}; wait for it or choose another "
+                               f"train.run_dir")
         except OSError as e:  # a full disk, a read-only folder: before anything else is written
             self.__exit__()
-            raise ConfigError(f"train.run_dir: cannot write {self.path}'s lock ({os.path.basename(e.filename or '.lock')}): "
-                              f"{cause_of(e)}") from None
-        return self
+            return ConfigError(f"train.run_dir: cannot write {self.path}'s lock ({os.path.basename(e.filename or '.lock')}): "
+                               f"{cause_of(e)}")
+        return None
 
     def __exit__(self, *exc) -> None:
         if self._lock is not None:
