@@ -24,7 +24,7 @@ import time
 
 import jax
 
-from dapo_jax.parallel.peers import PeerLost, _client
+from dapo_jax.parallel.peers import PeerLost, coordination_client
 
 KEY = "dapo_jax/agree/{}/{}/{}"
 _OK = "ok"
@@ -36,7 +36,7 @@ def agree(name: str, error: str | None, *, timeout_s: float) -> dict[int, str]:
     process. In a one-process run: this process's own, without communication. Every process of the run
     must call it at the same point with the same `name`."""
     me = jax.process_index()
-    client = _client() if jax.process_count() > 1 else None
+    client = coordination_client() if jax.process_count() > 1 else None
     if client is None:
         return {me: error} if error else {}
     key = re.sub(r"\W+", "_", name)

@@ -41,7 +41,7 @@ class PeerLost(RunStopped):
     abandon_saves = True
 
 
-def _client():
+def coordination_client():
     """JAX's distributed runtime client (its key-value store), or None in a one-process run."""
     from jax._src import distributed  # no public accessor; Orbax reads it the same way
 
@@ -56,8 +56,8 @@ class PeerWatch:
         self.client = None
 
     def __enter__(self) -> "PeerWatch":
-        if jax.process_count() > 1 and _client() is not None:
-            self.client = _client()
+        if jax.process_count() > 1 and coordination_client() is not None:
+            self.client = coordination_client()
             self.me, self.n = jax.process_index(), jax.process_count()
             self._beat()  # the first beat before anyone can ask
             self._thread = threading.Thread(target=self._run, name="dapo-jax-alive", daemon=True)
