@@ -84,20 +84,24 @@ class Actor:
         return self.score(prompts, self.share.local(out))
 
     def _generate_inputs(self, step: int, round_idx: int, sampler, ids, mask) -> tuple:
-        ids, mask = self.share.to_global((ids, mask), self.cfg.rollout.gen_batch)
-        key = jax.random.fold_in(jax.random.fold_in(self.key, step), round_idx)
-        return sampler, ids, mask, key
+        return sampler, *self.share.to_global((ids, mask), self.cfg.rollout.gen_batch), self._key(step, round_idx)
 
-    def precompile(self, sampler) -> None:
+    def _key(self, step: int, round_idx: int) -> jax.Array:
+        return jax.random.fold_in(jax.random.fold_in(self.key, step), round_idx)
+
+    def precompile(self, sampler, programs) -> None:
         """Compiles what the first round runs, as `sample_round` calls it (training/update/compile_ahead.py): the
-        sampler, for `policy.sampler(params)` given by its shapes and layouts, and the reward shaping's and
+        sampler as `programs.sampler_programs` declares it (training/update/programs.py; the widest prompt
+        bucket), for `policy.sampler(params)` given by its shapes and layouts, and the reward shaping's and
         dynamic sampling's array operations on a round's shapes."""
         r, objective = self.cfg.rollout, self.cfg.objective_config
         if self.continuous is not None:  # its programs compile as the stream admits and decodes
             return
         lo, hi = self.share.rows(r.gen_batch)
-        ids = np.zeros((hi - lo, max(self.stream.buckets)), np.int32)
-        self.generate.lower(*self._generate_inputs(1, 0, sampler, ids, ids)).compile()
+        (rollout,) = programs.sampler_programs(
+            sampler, self._key(1, 0), width=max(self.stream.buckets), evaluation=False,
+            put=lambda ids: self.share.to_global(ids[lo:hi], r.gen_batch))  # this process's rows, gathered
+        rollout.compile()
         pg, t = (hi - lo, r.G), r.max_new_tokens
         shape_rewards(objective, np.zeros(pg, np.float32), np.zeros(pg, np.int32), np.zeros(pg, bool),
                       np.zeros((*pg, t), np.int32))

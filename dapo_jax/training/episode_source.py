@@ -280,7 +280,7 @@ class EpisodeSource:
             prompt_index=np.asarray([e.index for e in examples], np.int32),
             context_mask=grouped(arrays["context_mask"]), **steps)
 
-    def precompile(self, sampler) -> None:
+    def precompile(self, sampler, programs) -> None:
         """The engine's programs compile when the first round plays (their shapes need the prompts' renders)."""
 
 

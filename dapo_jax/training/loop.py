@@ -248,7 +248,7 @@ def _compile_ahead(cfg: RunConfig, actor: Actor, learner: Learner, state, run, m
         return CompileAhead([])
     sampler = abstract(actor.policy.sampler(state.params))
     state, critic = abstract(committed(state)), abstract(committed(run.critic))  # as the updates commit them
-    return CompileAhead([("rollout", functools.partial(actor.precompile, sampler)),
+    return CompileAhead([("rollout", functools.partial(actor.precompile, sampler, learner.programs)),
                          ("update", functools.partial(learner.precompile, state, critic))],
                         context=lambda: jax.set_mesh(mesh))
 

@@ -27,7 +27,7 @@ from dapo_jax.parallel.host import to_global, to_host
 from dapo_jax.training.overlap import Prefetcher
 from dapo_jax.training.rollout import Groups
 from dapo_jax.training.state.run_state import RunState
-from dapo_jax.training.update.compile_ahead import compiled_outputs
+from dapo_jax.training.update.compile_ahead import compile_jobs
 from dapo_jax.training.update.distill import reverse_kl_mean
 from dapo_jax.training.update.train_step import TrainState
 
@@ -103,33 +103,26 @@ class Learner:
 
     def _prepare_inputs(self, params, groups: Groups, critic_state) -> tuple[tuple, dict]:
         return self.programs.prepare_inputs(
-            groups, trainer_params=self.policy.trainer(params), reference=self.reference,
-            put=lambda tree: to_global(tree, self.rows),
+            groups, trainer_params=self.policy.trainer(params), reference=self.reference, put=self._put,
             critic_params=None if critic_state is None else critic_state.params,
             teacher_params=None if self.teacher is None else self.teacher.params)
 
+    def _put(self, tree):
+        return to_global(tree, self.rows)
+
     def precompile(self, state: TrainState, critic_state=None) -> list:
         """Compiles `advantages` and `update` for the update's batch (`programs.blank()`, the shapes every step's
-        batch has; training/update/compile_ahead.py): `prepare` here; returns the update's programs as `(name, compile)`
-        jobs, to compile in parallel."""
-        args, kwargs = self._prepare_inputs(state.params, self.programs.blank(), critic_state)
-        batch, critic_batch = compiled_outputs(self.programs.prepare, *args, **kwargs)
-        kw = self._step_kwargs(0.0)
-        if hasattr(self.programs.train_step, "precompile"):  # the packed update: a program per chunk height
-            jobs = self.programs.train_step.precompile(state, batch, **kw)
-        else:
-            jobs = [("update", lambda: self.programs.train_step.lower(state, batch, **kw).compile())]
-        critic = self.programs.critic
-        if critic is not None:
-            jobs.append(("critic update", lambda: critic.update.lower(critic_state, critic_batch).compile()))
-        return jobs
+        batch has; training/update/compile_ahead.py), as `programs.step_programs` declares them: `prepare` (and
+        the packed update's small stages) here, for their outputs; returns every program as a `(name, compile)`
+        job, to compile in parallel."""
+        return compile_jobs(self.programs.step_programs(
+            state, critic_state, policy=self.policy, reference=self.reference, put=self._put,
+            teacher_params=None if self.teacher is None else self.teacher.params))
 
     def _step_kwargs(self, entropy_coef) -> dict:
-        """The update's keyword inputs: LoRA's frozen base, and α_k as a float32 scalar (an input, so a
-        new α each step compiles nothing) when the entropy coefficient adapts."""
-        if self.entropy_control is None:
-            return self.policy.step_kwargs
-        return {**self.policy.step_kwargs, "entropy_coef": np.float32(entropy_coef)}
+        """The update's keyword inputs (`programs.step_kwargs`): LoRA's frozen base, and α_k when the entropy
+        coefficient adapts."""
+        return self.programs.step_kwargs(self.policy, entropy_coef)
 
     def update(self, state: TrainState, critic_state, batch, critic_batch, entropy_coef=None):
         """`(state, critic_state, metrics on the host)` after the step's updates; `entropy_coef`: α_k."""

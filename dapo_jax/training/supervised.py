@@ -119,7 +119,7 @@ class SupervisedSource:
         return groups, {"sft/epoch": epoch, "response_length_mean": float(lengths.mean()),
                         "response_length_max": float(lengths.max()), "sft/tokens": float(lengths.sum())}, None
 
-    def precompile(self, sampler) -> None:
+    def precompile(self, sampler, programs) -> None:
         """Nothing is sampled during a supervised step (the evaluation's sampler compiles when it first runs)."""
 
 

@@ -25,7 +25,6 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from dapo_jax.data.packing import tail_heights
 from dapo_jax.models.decoder import Decoder
 from dapo_jax.models.generation_config import GenerationConfig
 from dapo_jax.models.lora import add_lora
@@ -41,7 +40,7 @@ from dapo_jax.training.update.critic import Critic
 from dapo_jax.training.update.distill import Teacher
 from dapo_jax.training.update.lora import PolicyWeights
 from dapo_jax.training.update.programs import build_programs, run_optimizer
-from dapo_jax.training.update.train_step import TrainState, with_entropy_coef
+from dapo_jax.training.update.train_step import TrainState
 
 
 @dataclasses.dataclass
@@ -176,14 +175,33 @@ class World:
         return slots * per_slot // (mesh["data"] * mesh["fsdp"] * heads)
 
     # ------------------------------------------------------------------ the programs
+    def put(self, tree):
+        """Host arrays as the run lays them out, abstract: rows over the batch devices (where they divide)."""
+        return jax.tree.map(lambda x: self.batched(x.shape, x.dtype), tree)
+
+    def outputs(self, layout: str, fn, args: tuple, kwargs: dict | None = None):
+        """A program's outputs as the next program's inputs (the `outputs` of the programs' declarations,
+        `RunPrograms.step_programs`), laid out as the run gives them: `layout` "rows" (over the batch devices,
+        where they divide), "replicated", or "own" (the program's `out_shardings`)."""
+        out = fn.lower(*args, **(kwargs or {})).out_info
+        if layout == "rows":
+            return self.lay_out(out)
+        if layout == "replicated":
+            return jax.tree.map(lambda x: _sds(x, NamedSharding(self.mesh, PartitionSpec())), out)
+        return jax.tree.map(lambda x: _sds(x, x.sharding), out)
+
     def jobs(self) -> list[Job]:
-        """Every program a training step (and an evaluation) compiles, in the order the run first runs them."""
+        """Every program a training step (and an evaluation) compiles, in the order the run first runs them, each
+        on the inputs its declaration gives it (training/update/programs.py's `RunPrograms.sampler_programs`
+        and `step_programs`) laid out as the run lays them out."""
         cfg, p = self.cfg, self.programs
         r, s, t = cfg.rollout, cfg.data.max_prompt_length, cfg.rollout.max_new_tokens
         sampler, sampler_resident = self.sampler_state()
         key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=NamedSharding(self.mesh, PartitionSpec()))
         prefill = f"prefill {p.attention['rollout prefill']}, decode with the KV cache"
         compacted = ", row compaction" if r.compaction else ""  # later decode stages on fewer rows (sampling/compaction.py)
+        rollout, *evaluation = p.sampler_programs(sampler, key, width=s, put=self.put,
+                                                  evaluation=cfg.data.eval is not None)
         jobs = []
         if cfg.objective_config.supervised:  # SFT samples nothing to train on: its batch is the data's
             pass
@@ -193,8 +211,7 @@ class World:
                 jobs += self._engine_jobs(p.engine_eval, cfg.train.eval_k, "eval rollout", sampler, sampler_resident,
                                           key, prefill)
         elif p.continuous is None:
-            prompts = (self.batched((r.gen_batch, s), jnp.int32), self.batched((r.gen_batch, s), jnp.int32))
-            jobs.append(Job("rollout", "rollout", p.generate, (sampler, *prompts, key), resident=sampler_resident,
+            jobs.append(Job(rollout.name, "rollout", rollout.fn, rollout.args, resident=sampler_resident,
                             attention=prefill,
                             shape=f"{r.gen_batch} prompts x {r.G} samples, S {s}, T {t}{compacted}"))
         else:
@@ -205,24 +222,57 @@ class World:
                             resident=(rm.params,), layered=False,
                             shape=f"{ids.shape[0]} rows x {ids.shape[1]} tokens, reward.functions.{rm.index} "
                                   f"({rm.name}: {rm.path.name})"))
-        if cfg.data.eval is not None and p.engine is None:
-            k = cfg.train.eval_k
-            prompts = (self.batched((r.gen_batch, s), jnp.int32), self.batched((r.gen_batch, s), jnp.int32))
-            jobs.append(Job("eval rollout", "eval rollout", p.generate_eval, (sampler, *prompts, key),
-                            resident=sampler_resident, attention=prefill,
-                            shape=f"{r.gen_batch} prompts x {k} samples, S {s}, T {t}{compacted}"))
-        prepare_args, prepare_kwargs = self._prepare_inputs()
-        resident = (prepare_args[0], prepare_args[1], prepare_kwargs.get("critic_params"),
-                    prepare_kwargs.get("teacher_params"))
-        jobs.append(Job("prepare", "log-prob", p.prepare, prepare_args, prepare_kwargs, resident=resident,
-                        attention=p.attention["logprob"], shape=self._prepare_words()))
-        batch, critic_batch = self.lay_out(jax.eval_shape(p.prepare, *prepare_args, **prepare_kwargs))
-        jobs += self._update_jobs(batch)
-        if p.critic is not None:
-            cs = self.critic_state
-            jobs.append(Job("critic update", "critic", p.critic.update, (cs, critic_batch), resident=(cs,),
-                            attention=p.attention["critic"],
-                            shape=f"{r.train_batch} prompts x {self.group_size} responses, S+T {s + t}"))
+        if evaluation and p.engine is None:
+            (ev,) = evaluation
+            jobs.append(Job(ev.name, "eval rollout", ev.fn, ev.args, resident=sampler_resident, attention=prefill,
+                            shape=f"{r.gen_batch} prompts x {cfg.train.eval_k} samples, S {s}, T {t}{compacted}"))
+        return jobs + self._step_jobs()
+
+    def _step_jobs(self) -> list[Job]:
+        """The update half of a step, as `RunPrograms.step_programs` declares it; here only what the plan adds:
+        which arguments are resident, the bytes held beside each program, the words."""
+        cfg, p, state = self.cfg, self.programs, self.state
+        o, r = cfg.optim, cfg.rollout
+        programs = p.step_programs(state, self.critic_state, policy=self.policy, reference=self.reference,
+                                   put=self.put, outputs=self.outputs,
+                                   teacher_params=None if self.teacher is None else self.teacher.params)
+        rows = f"{r.train_batch} prompts x {self.group_size} responses, S+T {cfg.data.max_prompt_length + r.max_new_tokens}"
+        words = f"{o.num_minibatches} mini-batches x {o.micro_batches} micro-batches of {r.train_batch} prompts x " \
+                f"{self.group_size}, S+T {cfg.data.max_prompt_length + r.max_new_tokens}"
+        held = 0  # the packed step keeps the prepared batch while its mini-batches run
+        tallest = None
+        jobs = []
+        for x in programs:
+            (args, kwargs), job = x.inputs(), dict(attention=p.attention["update"])
+            if x.name == "prepare":
+                job = dict(phase="log-prob", attention=p.attention["logprob"], shape=self._prepare_words(),
+                           resident=(args[0], args[1], kwargs.get("critic_params"), kwargs.get("teacher_params")))
+            elif x.name == "update":
+                job.update(phase="update", resident=(state, kwargs), shape=words)
+            elif x.name == "critic update":
+                job = dict(phase="critic", resident=(args[0],), attention=p.attention["critic"], shape=rows)
+            elif x.name == "update: select":
+                held = shard_bytes(args[0])
+                pm = args[1].shape[0]
+                job = dict(phase="update", shape=f"one mini-batch of {pm} prompts", layered=False)
+            elif x.name == "update: start":
+                job.update(phase="update", resident=(state.params, self.policy.frozen),
+                           shape="the mini-batch's entropy statistics")
+            elif x.name.startswith("update: chunk"):
+                h, length = args[3][0].shape
+                job.update(phase="update", resident=(state.params, self.policy.frozen),
+                           shape=f"a packed chunk of {h} rows x {length} tokens (forward + backward)",
+                           bounded_by=tallest)
+                tallest = tallest or x.name  # the chunks come tallest first
+            elif x.name == "update: apply":
+                job = dict(phase="update", resident=(args[0],), shape="the AdamW update of one mini-batch")
+            elif x.name == "update: finish":
+                job = dict(phase="update", layered=False, shape="the step's metrics")
+            else:
+                raise ValueError(f"no plan for the program {x.name!r}")
+            if x.name.startswith("update: "):
+                job["held"] = held
+            jobs.append(Job(x.name, fn=x.fn, args=args, kwargs=kwargs, **job))
         return jobs
 
     def _engine_jobs(self, engine, g: int, phase: str, sampler, sampler_resident, key, prefill) -> list[Job]:
@@ -243,15 +293,6 @@ class World:
                 attention=prefill, shape=f"{words}, {ec.append_width} observation ids per chunk"),
         ]
 
-    def _prepare_inputs(self):
-        """`prepare`'s inputs as the run writes them (`RunPrograms.prepare_inputs`), on the run's blank batch, each
-        array an abstract one with the run's layout."""
-        return self.programs.prepare_inputs(
-            self.programs.blank(), trainer_params=self.policy.trainer(self.state.params), reference=self.reference,
-            put=lambda tree: jax.tree.map(lambda x: self.batched(x.shape, x.dtype), tree),
-            critic_params=None if self.critic_state is None else self.critic_state.params,
-            teacher_params=None if self.teacher is None else self.teacher.params)
-
     def _prepare_words(self) -> str:
         cfg, passes = self.cfg, []
         if cfg.recompute_old_logp:
@@ -267,60 +308,6 @@ class World:
         return (f"{what}: {r.train_batch} prompts x {self.group_size} responses, "
                 f"S+T {cfg.data.max_prompt_length + r.max_new_tokens}")
 
-    def _update_jobs(self, batch) -> list[Job]:
-        cfg, p, state = self.cfg, self.programs, self.state
-        o, r = cfg.optim, cfg.rollout
-        rep = NamedSharding(self.mesh, PartitionSpec())
-        coef = _sds(jax.ShapeDtypeStruct((), jnp.float32), rep) if cfg.objective_config.adaptive_entropy else None
-        kwargs = {**self.policy.step_kwargs, **({} if coef is None else {"entropy_coef": coef})}  # α_k: a scalar
-        words = (f"{o.num_minibatches} mini-batches x {o.micro_batches} micro-batches of {r.train_batch} prompts x "
-                 f"{self.group_size}")
-        if not p.packed:
-            return [Job("update", "update", p.train_step, (state, batch), kwargs, resident=(state, kwargs),
-                        attention=p.attention["update"],
-                        shape=f"{words}, S+T {cfg.data.max_prompt_length + r.max_new_tokens}")]
-        from dapo_jax.data.packing import tail_heights
-
-        step, frozen = p.train_step, self.policy.frozen  # a packed_step.PackedUpdate: its stages, one program each
-        pb, g, t = batch.response_ids.shape
-        rows, tail, length = step.chunk_shape(batch.prompt_ids.shape[1], (pb, g, t))
-        n = o.num_minibatches
-        idx = self.batched((pb // n,), jnp.int32)
-        mini = self.lay_out(jax.eval_shape(step.select, batch, idx))
-        stats = jax.tree.map(lambda x: _sds(x, NamedSharding(self.mesh, PartitionSpec())),
-                             jax.eval_shape(step.start, state.params, mini, frozen))
-        stats = (with_entropy_coef(stats[0], coef), stats[1])
-        held = shard_bytes(batch)  # the step keeps the prepared batch while its mini-batches run
-
-        def chunk(h):
-            z = self.batched((h, length), jnp.int32)
-            mshape = mini.response_ids.shape
-            return (z, z, z, z, z, self.batched(mshape, jnp.int32), self.batched(mshape, jnp.bool_),
-                    self.batched(mshape[:1], jnp.bool_))
-
-        first = chunk(rows)
-        acc = _with_layout(step.zero_acc(state.params, mini, first, stats, frozen), state.params, self.mesh)
-        carry = (state.params, state.opt_state, state.step, state.skipped)
-        out = step.apply.lower(carry, acc).out_info[1]  # the mini-batch's metrics
-        outs = [jax.tree.map(lambda x: _sds(x, NamedSharding(self.mesh, PartitionSpec())), out)] * n
-        resident = (state.params, frozen)
-        jobs = [Job("update: select", "update", step.select, (batch, idx), held=held,
-                    shape=f"one mini-batch of {pb // n} prompts", layered=False),
-                Job("update: start", "update", step.start, (state.params, mini, frozen), resident=resident,
-                    held=held, attention=p.attention["update"], shape="the mini-batch's entropy statistics")]
-        for h in sorted({rows, *tail_heights(rows, tail)}, reverse=True):
-            c = first if h == rows else chunk(h)
-            jobs.append(Job(f"update: chunk {h}x{length}", "update", step.accumulate,
-                            (acc, state.params, mini, c, stats, frozen), resident=resident, held=held,
-                            attention=p.attention["update"],
-                            shape=f"a packed chunk of {h} rows x {length} tokens (forward + backward)",
-                            bounded_by=None if h == rows else f"update: chunk {rows}x{length}"))
-        jobs.append(Job("update: apply", "update", step.apply, (carry, acc), resident=(carry,), held=held,
-                        shape="the AdamW update of one mini-batch"))
-        jobs.append(Job("update: finish", "update", step.finish, (outs, state.skipped), held=held, layered=False,
-                        shape="the step's metrics"))
-        return jobs
-
     def _continuous_jobs(self, sampler, sampler_resident, key, prefill) -> list[Job]:
         cfg, cont = self.cfg, self.programs.continuous
         replicated = NamedSharding(self.mesh, PartitionSpec())
@@ -330,14 +317,6 @@ class World:
                     shape=shapes[name])
                 for name, fn, args in cont.programs(sampler, key, lay_out=self.lay_out, host=lambda shape, dtype:
                                                      jax.ShapeDtypeStruct(shape, dtype, sharding=replicated))]
-
-
-def _with_layout(acc, params, mesh):
-    """The packed step's accumulator as `zero_acc` lays it out: the gradient sum like the parameters, the rest replicated."""
-    grads, *rest = acc
-    rep = NamedSharding(mesh, PartitionSpec())
-    return (jax.tree.map(lambda x, p: _sds(x, p.sharding), grads, params),
-            *jax.tree.map(lambda x: _sds(x, rep), tuple(rest)))
 
 
 def _unadapted(merged, adapters) -> list:

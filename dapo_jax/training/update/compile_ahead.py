@@ -1,7 +1,7 @@
 """The first step's programs, compiled on background threads while the main thread loads, evaluates and
 samples.
 
-    ahead = CompileAhead([("rollout", lambda: actor.precompile(params)),
+    ahead = CompileAhead([("rollout", lambda: actor.precompile(params, programs)),
                           ("update", lambda: learner.precompile(state))])   # on programs.blank()
     ...                      # eval@0 and step 1's rollout run meanwhile
     ahead.wait()             # at the end of step 1: nothing compiles after it
@@ -10,9 +10,10 @@ A run compiles every program before its first step ends: the evaluation's sample
 log-prob pass and the update (with packing, a program per chunk height). On the main thread they come one
 after the other, and on a CPU they are most of the first minute (docs/benchmarks.md, "The first step").
 Each job here lowers a program on the exact shapes, dtypes and layouts the step will call it with (the
-caller's own code builds the arguments: `Actor.precompile`, `Learner.precompile`, the packed step's
-`precompile`) and compiles it. JAX keeps the executable in the jitted function's cache, so the step's call
-finds it; a call that comes while the same program is still compiling waits for that compilation instead
+caller's own code builds the arguments: `Actor.precompile`, `Learner.precompile`, from the programs'
+declarations, `RunPrograms.sampler_programs` / `step_programs` and the packed update's `stages`, which
+`dapo-jax plan` lowers too) and compiles it. JAX keeps the executable in the jitted function's cache, so
+the step's call finds it; a call that comes while the same program is still compiling waits for that compilation instead
 of starting another. A job may return more `(name, compile)` jobs (the chunk heights, each a program of its
 own), which run on the other threads.
 
@@ -24,6 +25,8 @@ failed, and the `compilations` metric counts every compilation whichever thread 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import logging
 import os
 import threading
@@ -57,6 +60,56 @@ def compiled_outputs(fn, *args, **kwargs):
     return jax.tree.map(lambda info, sharding: jax.ShapeDtypeStruct(info.shape, info.dtype, sharding=sharding,
                                                                     weak_type=getattr(info, "weak_type", False)),
                         lowered.out_info, compiled.output_shardings)
+
+
+def run_outputs(layout: str, fn, args: tuple, kwargs: dict | None = None):
+    """The run's `outputs` for `Program` declarations (`RunPrograms.step_programs`, `PackedUpdate.stages`):
+    `compiled_outputs`, the layouts the compiled program really gives (`layout`, the plan's rule for them,
+    is not needed)."""
+    del layout
+    return compiled_outputs(fn, *args, **(kwargs or {}))
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """One jitted program of a run with the inputs it is called with, declared once
+    (training/update/programs.py's `RunPrograms.step_programs`, the packed update's `stages`): the run
+    compiles it ahead (`compile`), the plan lowers it on its abstract inputs (training/plan/programs.py).
+
+    `args` may be a function giving them: inputs that are another program's outputs, derived (and that
+    program compiled, in a run) only when asked."""
+
+    name: str
+    fn: Any  # jitted (or jit_keeping_layout)
+    args: Any  # tuple, or () -> tuple
+    kwargs: dict = dataclasses.field(default_factory=dict)
+
+    def inputs(self) -> tuple[tuple, dict]:
+        """`(args, kwargs)` of the program."""
+        return (self.args() if callable(self.args) else self.args), self.kwargs
+
+    def lower(self):
+        args, kwargs = self.inputs()
+        return self.fn.lower(*args, **kwargs)
+
+    def compile(self):
+        return self.lower().compile()
+
+
+def compile_jobs(programs: list[Program]) -> list[Job]:
+    """`(name, compile)` jobs of `programs`, one each; a program whose inputs are another's outputs (its `args`
+    a function) compiles in the same job as the program before it, which that function compiles."""
+    jobs: list[list[Program]] = []
+    for program in programs:
+        if callable(program.args) and jobs:
+            jobs[-1].append(program)
+        else:
+            jobs.append([program])
+    def compile_all(group: list[Program]) -> None:  # returns nothing: a returned list would be more jobs
+        for program in group:
+            program.compile()
+
+    return [(group[0].name, functools.partial(compile_all, group)) for group in jobs]
 
 
 def default_workers() -> int:
@@ -119,4 +172,4 @@ class CompileAhead:
             pool.shutdown(wait=False, cancel_futures=True)
 
 
-__all__ = ["CompileAhead", "abstract", "compiled_outputs"]
+__all__ = ["CompileAhead", "Program", "abstract", "compile_jobs", "compiled_outputs", "run_outputs"]

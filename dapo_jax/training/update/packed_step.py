@@ -47,7 +47,7 @@ from dapo_jax.objectives.diagnostics import combine_metrics
 from dapo_jax.objectives.loss import objective_terms
 from dapo_jax.parallel.host import to_host
 from dapo_jax.parallel.mesh import committed, jit_keeping_layout
-from dapo_jax.training.update.compile_ahead import compiled_outputs
+from dapo_jax.training.update.compile_ahead import Program, run_outputs
 from dapo_jax.training.update.accumulate import add_sums, apply_accumulated, policy_sums, step_metrics, zero_sums
 from dapo_jax.training.update.train_step import (Batch, TrainState, _joined, batch_level_statistics, batch_logprobs,
                                          batch_statistics_of, with_entropy_coef)
@@ -167,10 +167,14 @@ class PackedUpdate:
 
     def zero_acc(self, params, mini, chunk, stats, frozen):
         """A zero accumulator (`zero_sums` and the metrics' neutral pairs): the gradient sum laid out as the
-        parameters, the sums and metrics replicated on their mesh (one jitted program, compiled once).
-        Abstract `params` (`jax.ShapeDtypeStruct`s, `dapo-jax plan`): its shapes and layouts."""
+        parameters, the sums and metrics replicated on their mesh (one jitted program, compiled once)."""
+        return self._zero_program(params, mini, chunk, stats, frozen)(params)
+
+    def _zero_program(self, params, mini, chunk, stats, frozen):
+        """`zero_acc`'s jitted program `params -> accumulator`, built at its first call from a trace of a chunk's
+        metric names (nothing compiles); `params` arrays or `jax.ShapeDtypeStruct`s (their layouts)."""
         with self._zero_lock:
-            if self._zero is None:  # the metrics' names, from a trace (nothing compiles)
+            if self._zero is None:
                 names = jax.eval_shape(lambda *a: self._chunk_loss(*a)[1][1], params, mini, chunk, stats, frozen)
                 first = jax.tree.leaves(params)[0].sharding
                 rep = (NamedSharding(first.mesh, PartitionSpec()) if isinstance(first, NamedSharding) else first)
@@ -180,9 +184,7 @@ class PackedUpdate:
                     return (*zero_sums(params), {k: _identity(k) for k in names})
 
                 self._zero = jax.jit(zero_accumulator, out_shardings=layout)
-        if isinstance(jax.tree.leaves(params)[0], jax.ShapeDtypeStruct):
-            return jax.eval_shape(self._zero, params)
-        return self._zero(params)
+        return self._zero
 
     def __call__(self, state: TrainState, batch: Batch, frozen=None, entropy_coef=None):
         """`frozen`: weights merged with `state.params` but not trained (LoRA's base), `entropy_coef` the
@@ -220,35 +222,45 @@ class PackedUpdate:
         """An empty chunk of `rows` x `length` for a mini-batch of `prompts` prompts, on the device."""
         return tuple(self.put(x) for x in _empty_chunk(rows, length, (prompts, *response_shape[1:])))
 
-    def precompile(self, state: TrainState, batch: Batch, frozen=None, entropy_coef=None) -> list:
-        """What `update(state, batch, frozen)` compiles at its first call, for `batch` given by its shapes and
-        layouts (`jax.ShapeDtypeStruct`s, training/update/compile_ahead.py): the small programs here, then the
-        chunk heights and the update as `(name, compile)` jobs. The update then finds every program compiled;
-        its first call still runs the chunk heights its batch does not use, on empty chunks."""
+    def stages(self, state: TrainState, batch: Batch, frozen=None, entropy_coef=None, *, put: Callable | None = None,
+               outputs: Callable = run_outputs) -> list[Program]:
+        """Every program `update(state, batch, frozen, entropy_coef)` runs, with the inputs it gives it, for `batch`
+        given by its shapes and layouts (`jax.ShapeDtypeStruct`s or arrays): "update: select" (the first
+        mini-batch's rows), "update: start", "update: chunk RxL" for each chunk height (tallest first; empty
+        chunks), "update: apply", "update: finish". The one declaration of the stages' inputs: the run compiles
+        them ahead (training/step.py's `Learner.precompile`), `dapo-jax plan` lowers them (training/plan/programs.py).
+
+        put: a host array of the chunks (and the mini-batch's prompt indices) -> its argument (default the
+        update's own `put`, onto the mesh; the plan: its abstract, laid-out shape). outputs(layout, fn, args,
+        kwargs): a program's outputs as the next one's inputs (the run: `compile_ahead.run_outputs`, what the
+        compiled program gives; the plan: by `layout`, "rows" over the batch devices, "replicated", or "own",
+        as the program's `out_shardings` set them)."""
         state = committed(state)
-        p = batch.response_ids.shape[0]
-        rows, tail, length = self.chunk_shape(batch.prompt_ids.shape[1], batch.response_ids.shape)
-        idx = self.put(minibatch_prompts(p, self.num_minibatches, self.micro_batches)[0].astype(np.int32))
-        mini = compiled_outputs(self.select, batch, idx)
-        stats = compiled_outputs(self.start, state.params, mini, frozen, state.step)
+        put = put or self.put
+        p, g, t = batch.response_ids.shape
+        rows, tail, length = self.chunk_shape(batch.prompt_ids.shape[1], (p, g, t))
+        idx = put(minibatch_prompts(p, self.num_minibatches, self.micro_batches)[0].astype(np.int32))
+        mini = outputs("rows", self.select, (batch, idx))
+        start = (state.params, mini, frozen, state.step)
+        stats = outputs("replicated", self.start, start)
         stats = (with_entropy_coef(stats[0], entropy_coef), stats[1])
         pm = mini.response_ids.shape[0]
-        self.zero_acc(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                                   state.params), mini, self._empty(rows, length, pm, batch.response_ids.shape),
-                      stats, frozen)
-        acc = compiled_outputs(self._zero, state.params)  # zero_acc's program, as it lays the accumulator out
+
+        def empty(r):
+            return tuple(put(x) for x in _empty_chunk(r, length, (pm, g, t)))
+
+        first = empty(rows)
+        acc = outputs("own", self._zero_program(state.params, mini, first, stats, frozen), (state.params,))
         carry = (state.params, state.opt_state, state.step, state.skipped)
-
-        def chunk(r):
-            empty = self._empty(r, length, pm, batch.response_ids.shape)
-            return lambda: self.accumulate.lower(acc, state.params, mini, empty, stats, frozen).compile()
-
-        def update():
-            out = compiled_outputs(self.apply, carry, acc)[1]
-            self.finish.lower([out] * self.num_minibatches, state.skipped).compile()
-
         heights = sorted({rows, *tail_heights(rows, tail)}, reverse=True)
-        return [(f"update: chunk {r}x{length}", chunk(r)) for r in heights] + [("update: apply", update)]
+        # finish's inputs are apply's outputs: derived (apply compiled, in a run) when asked
+        return [Program("update: select", self.select, (batch, idx)),
+                Program("update: start", self.start, start),
+                *(Program(f"update: chunk {r}x{length}", self.accumulate,
+                          (acc, state.params, mini, first if r == rows else empty(r), stats, frozen)) for r in heights),
+                Program("update: apply", self.apply, (carry, acc)),
+                Program("update: finish", self.finish, lambda: (
+                    [outputs("replicated", self.apply, (carry, acc))[1]] * self.num_minibatches, state.skipped))]
 
 
 def default_chunk_rows(micro_batch_rows: int, group_size: int, multiple: int = 1) -> int:

@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from dapo_jax.models.attention import AttentionUnavailable, describe, resolve, supports_branches
@@ -49,6 +50,7 @@ from dapo_jax.training.config.resolve import is_resolved
 from dapo_jax.training.config.run import RunConfig
 from dapo_jax.training.episode_source import turn_engine
 from dapo_jax.training.rollout import Groups
+from dapo_jax.training.update.compile_ahead import Program, run_outputs
 from dapo_jax.training.update.packed_step import PackedUpdate
 from dapo_jax.training.update.train_step import (Batch, make_logprob_fn, make_optimizer, make_train_step,
                                                  map_prompt_chunks)
@@ -140,6 +142,48 @@ class RunPrograms:
     episodes: bool  # an agent run: prepare takes the episodes' context mask (tool ids: context, no loss)
     engine: Any = None  # agents.engine.TurnEngine: an agent run's prefill / decode / append programs, or None
     engine_eval: Any = None  # the same at the evaluation's sampling settings (train.eval_*), or None
+    adaptive_entropy: bool = False  # the update takes α_k, the adaptive entropy coefficient (objective.entropy_target)
+    gen_batch: int = 0  # P of the samplers: rollout.gen_batch prompts a generation batch
+
+    def sampler_programs(self, sampler, key, *, width: int, put: Callable, evaluation: bool = True) -> list[Program]:
+        """The samplers (`generate`, "rollout"; with `evaluation`, `generate_eval`, "eval rollout") on a blank
+        generation batch: `gen_batch` prompts of `width` ids, int32 ids and mask through `put` (the run: onto
+        the mesh's rows; the plan: their abstract, laid-out shapes), `sampler` the sampler's weights and `key`
+        the PRNG key as given (arrays or `jax.ShapeDtypeStruct`s)."""
+        ids = put(np.zeros((self.gen_batch, width), np.int32))
+        programs = [Program("rollout", self.generate, (sampler, ids, ids, key))]
+        if evaluation:
+            programs.append(Program("eval rollout", self.generate_eval, (sampler, ids, ids, key)))
+        return programs
+
+    def step_kwargs(self, policy, entropy_coef: float = 0.0) -> dict:
+        """The update's keyword inputs: LoRA's frozen base (`policy.step_kwargs`) and, when the entropy coefficient
+        adapts, α_k as a float32 scalar (an input, so a new α each step compiles nothing)."""
+        if not self.adaptive_entropy:
+            return policy.step_kwargs
+        return {**policy.step_kwargs, "entropy_coef": np.float32(entropy_coef)}
+
+    def step_programs(self, state, critic_state=None, *, policy, reference, put: Callable, teacher_params=None,
+                      outputs: Callable = run_outputs) -> list[Program]:
+        """The update half of a step on the run's blank batch (`blank()`), each program with its inputs: "prepare"
+        (`prepare_inputs`), the update ("update", or the packed update's `stages`) on what `prepare` returns, and
+        with a critic "critic update" on its batch. The one declaration of these inputs: the run compiles them
+        ahead (training/step.py's `Learner.precompile`), `dapo-jax plan` lowers them (training/plan/programs.py).
+
+        state / critic_state: the TrainStates (arrays or `jax.ShapeDtypeStruct`s); policy: the PolicyWeights;
+        reference, teacher_params: π_ref's and the teacher's weights, or None; put: host arrays (a tree) -> the
+        arguments (the run: `to_global` over the rows; the plan: abstract, laid-out shapes); outputs(layout, fn,
+        args, kwargs): a program's outputs as the next one's inputs (`compile_ahead.run_outputs`: compiled; the
+        plan: by `layout`)."""
+        args, kwargs = self.prepare_inputs(
+            self.blank(), trainer_params=policy.trainer(state.params), reference=reference, put=put,
+            critic_params=None if critic_state is None else critic_state.params, teacher_params=teacher_params)
+        batch, critic_batch = outputs("rows", self.prepare, args, kwargs)
+        kw = self.step_kwargs(policy)
+        update = (self.train_step.stages(state, batch, **kw, put=put, outputs=outputs) if self.packed else
+                  [Program("update", self.train_step, (state, batch), kw)])
+        critic = [] if self.critic is None else [Program("critic update", self.critic.update, (critic_state, critic_batch))]
+        return [Program("prepare", self.prepare, args, kwargs), *update, *critic]
 
     def blank(self) -> Groups:
         """The all-zero batch of the update's shape and dtypes: what the run compiles `prepare` and the update
@@ -218,7 +262,8 @@ def build_programs(cfg: RunConfig, *, policy, model_cfg, mesh, tx, schedule, scf
     return RunPrograms(generate, generate_eval, continuous, logprob, prepare, train_step, critic, o.packing, share,
                        attention, (r.train_batch, cfg.data.max_prompt_length, g, cfg.response_tokens),
                        len(cfg.reward.functions), objective.sums_normalised_rewards, objective.needs_step_rewards,
-                       teacher is not None, steps, cfg.agent is not None, engine, engine_eval)
+                       teacher is not None, steps, cfg.agent is not None, engine, engine_eval,
+                       adaptive_entropy=objective.adaptive_entropy, gen_batch=r.gen_batch)
 
 
 def make_prepare(objective, logprob_fn, critic=None, *, recompute_old_logp: bool, chunks: int = 1,
