@@ -186,7 +186,7 @@ class LearnedReward:
             self.max_positions, -(-(overhead + (max_length or self.max_positions)) // LENGTH_MULTIPLE) * LENGTH_MULTIPLE)
         self.params = None
         self._fn = None
-        self._rows = self.options.batch_size
+        self._rows = self.call_rows(None)
 
     def _check_head(self) -> None:
         raise NotImplementedError
@@ -202,12 +202,25 @@ class LearnedReward:
         model = load_classifier(self.path, mesh=mesh, dtype=dtype, param_dtype=dtype)
         check_finite_weights(model, source=str(self.path))
         graphdef, self.params = nnx.split(model, nnx.Param)
-        self._fn = make_score_fn(graphdef, kind=self.name, pad_token_id=self.pad_token_id,
-                                 positive_label=self.options.positive_label)
+        self._fn = self._score_fn(graphdef)
         self._mesh = mesh
-        shards = batch_divisor(mesh) if mesh is not None else 1
-        self._rows = -(-self.options.batch_size // shards) * shards
+        self._rows = self.call_rows(mesh)
         return self
+
+    # one device call, as the run makes it (`_run`) and the memory plan lowers it (`abstract`)
+    def call_rows(self, mesh) -> int:
+        """Rows of one device call: `batch_size`, rounded up to a multiple of `mesh`'s batch shards."""
+        shards = batch_divisor(mesh) if mesh is not None else 1
+        return -(-self.options.batch_size // shards) * shards
+
+    def blank_call(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """One device call's host inputs, empty: ids `[rows, max_length]` int32 of the pad id, mask of zeros
+        (`_run` writes the rows in; `abstract` gives their shapes)."""
+        return (np.full((rows, self.max_length), self.pad_id, np.int32), np.zeros((rows, self.max_length), np.int32))
+
+    def _score_fn(self, graphdef):
+        return make_score_fn(graphdef, kind=self.name, pad_token_id=self.pad_token_id,
+                             positive_label=self.options.positive_label)
 
     def abstract(self, mesh, *, dtype: str = "float32"):
         """What `load(mesh, dtype=dtype)` would build, without reading a weight (for a memory plan):
@@ -223,22 +236,19 @@ class LearnedReward:
         params = nnx.map_state(lambda path, v: v.replace(jax.ShapeDtypeStruct(
             v.get_value().shape, v.get_value().dtype, sharding=NamedSharding(mesh, classifier_partition_spec(path)))),
             state)
-        rows = -(-self.options.batch_size // batch_divisor(mesh)) * batch_divisor(mesh)
-        x = jax.ShapeDtypeStruct((rows, self.max_length), jnp.int32, sharding=batch_sharding(mesh))
-        fn = make_score_fn(graphdef, kind=self.name, pad_token_id=self.pad_token_id,
-                           positive_label=self.options.positive_label)
-        return params, (x, x), fn
+        x = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=batch_sharding(mesh)),
+                         self.blank_call(self.call_rows(mesh)))
+        return params, x, self._score_fn(graphdef)
 
     def _run(self, rows: list[list[int]]) -> list[np.ndarray]:
         """Device outputs for token rows (each at most `max_length`), `batch_size` rows a call."""
         if self._fn is None:
             self.load()
-        b, length = self._rows, self.max_length
+        b = self._rows
         out = []
         for start in range(0, len(rows), b):
             chunk = rows[start:start + b]
-            ids = np.full((b, length), self.pad_id, np.int32)
-            mask = np.zeros((b, length), np.int32)
+            ids, mask = self.blank_call(b)
             for i, row in enumerate(chunk):
                 ids[i, :len(row)] = row
                 mask[i, :len(row)] = 1
