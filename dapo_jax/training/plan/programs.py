@@ -6,7 +6,11 @@
         job.lower()
 
 The model is `nnx.eval_shape`d and its programs come from `training/update/programs.py`'s `build_programs`, the
-function the trainer calls. Every input is a `jax.ShapeDtypeStruct` with the sharding the run gives it:
+function the trainer calls, with their inputs as the run declares them (`RunPrograms.sampler_programs`,
+`step_programs`, the packed update's `stages`, a learned reward's `blank_call`): the plan adds only the
+layouts, which arguments are resident and the bytes held beside each program (tests/training/plan/
+test_programs.py lowers every program both ways and finds the same StableHLO). Every input is a
+`jax.ShapeDtypeStruct` with the sharding the run gives it:
 parameters (and their optimizer moments) by `models.sharding`'s rules, the critic's trunk likewise and its
 head replicated, batches over ("data", "fsdp"), counters replicated. Inputs the run makes on the host
 (prompts, the rollout's arrays back from the reward functions) have the host's dtypes (int32 ids, float32

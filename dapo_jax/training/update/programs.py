@@ -11,11 +11,19 @@
 `training/loop.py` drives these programs; `training/plan/memory.py` lowers the same objects on abstract
 inputs for a target mesh, so the plan budgets for exactly what a run executes: the packed update's
 chunk programs when `optim.packing` is on (with the chunk shapes the run uses), LoRA's frozen base and
-merged sampler weights, the critic, the reference policy, the sampler's compute dtype. `prepare`'s inputs
-are written once, by `RunPrograms.prepare_inputs`, from a batch of groups: the run's (laid out over the
-mesh), or `RunPrograms.blank()` for the run's compile-ahead (training/update/compile_ahead.py) and the plan
-(its arrays as abstract, laid-out shapes); the update's inputs are what `prepare` returns. `make_update`
-builds the update the way a run does (the benchmarks call it too).
+merged sampler weights, the critic, the reference policy, the sampler's compute dtype. Each program's
+inputs are declared once, for the run's compile-ahead (training/update/compile_ahead.py) and the plan:
+
+    programs.sampler_programs(sampler, key, width=S, put=put)    # "rollout", "eval rollout": a blank round
+    programs.step_programs(state, critic_state, policy=policy, reference=ref, put=put, outputs=outputs)
+    # "prepare" on `blank()`, then "update" or the packed update's stages (`PackedUpdate.stages`) on
+    # what prepare returns, then "critic update": each a `compile_ahead.Program` (name, program, inputs)
+
+`put` lays host arrays out (the run: over the mesh's rows; the plan: as abstract, laid-out shapes) and
+`outputs` turns a program's outputs into the next one's inputs (the run: compiled, `run_outputs`; the
+plan: by its layout rule); `prepare`'s inputs come from `RunPrograms.prepare_inputs`, the run's step
+calls it too on its batch of groups. `make_update` builds the update the way a run does (the benchmarks
+call it too).
 
 `cfg` must be resolved (`training/config/run.py`'s `resolve`): the fast paths it left unset are chosen there.
 

@@ -11,7 +11,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from dapo_jax.parallel.mesh import make_mesh
 from dapo_jax.training import loop
-from dapo_jax.training.update.compile_ahead import CompileAhead, abstract, compiled_outputs
+from dapo_jax.training.update.compile_ahead import (CompileAhead, Program, abstract, compile_jobs, compiled_outputs,
+                                                     run_outputs)
 from dapo_jax.training.config.run import load_config
 from dapo_jax.training.metrics import compile_count
 
@@ -121,3 +122,33 @@ def test_the_run_compiles_none_of_the_programs_compiled_ahead(tiny_model_dir, tm
         assert ahead_names.count("_add_chunk") == 2  # a program per chunk height (R and the R/2 tail), each once
     else:
         assert "step_fn" in ahead_names
+
+
+def test_compile_jobs_runs_a_program_whose_inputs_are_outputs_after_the_program_that_gives_them():
+    """`compile_jobs`: one job per program, but a program declared with its inputs as a function (another's
+    outputs) shares the job of the program before it; nothing is compiled before the jobs run, and each
+    program compiles for exactly the inputs the declaration gives it."""
+    asked = []
+
+    def double(x):
+        return x * 2
+
+    def total(y):
+        return y.sum()
+
+    first, second, third = jax.jit(double), jax.jit(total), jax.jit(lambda x: x + 1)
+    x = jax.ShapeDtypeStruct((4, 3), jnp.float32)
+
+    def from_first():
+        asked.append("second's inputs")
+        return (run_outputs("rows", first, (x,)),)
+
+    programs = [Program("first", first, (x,)), Program("second", second, from_first), Program("third", third, (x,))]
+    jobs = compile_jobs(programs)
+    assert [name for name, _ in jobs] == ["first", "third"] and asked == []
+    assert jobs[0][1]() is None  # a job returns nothing (a list would be more jobs for CompileAhead)
+    assert asked == ["second's inputs"]
+    (y,) = programs[1].inputs()[0]
+    assert (y.shape, y.dtype) == ((4, 3), jnp.float32)
+    compiled = programs[1].compile()
+    assert compiled.out_info.shape == () and float(compiled(np.ones((4, 3), np.float32))) == 12.0
