@@ -87,7 +87,8 @@ LORA = ["lora.rank=4", "lora.alpha=8", "lora.targets=[q_proj, v_proj, gate_proj]
     ["optim.packing=false", "objective.name=ppo", "rollout.recompute_old_logp=true"],  # a critic, π_old recomputed
     # each function's reward [P, G, K], one of them a learned reward model
     ["optim.packing=false", "objective.multi_reward=normalize_then_sum", "objective.overlong_buffer=null", "RM"],
-], ids=["unpacked-skywork", "packed-lora-tensor", "ppo", "multi-reward-rm"])
+    ["optim.packing=true", "TEACHER"],  # the packed stages on the full parameters; a distillation teacher
+], ids=["unpacked-skywork", "packed-lora-tensor", "ppo", "multi-reward-rm", "packed-distill"])
 def test_the_plan_lowers_every_program_the_run_declares(extra, tiny_model_dir, overrides_for, tmp_path, monkeypatch):
     extra = list(extra)
     if "RM" in extra:
@@ -95,6 +96,8 @@ def test_the_plan_lowers_every_program_the_run_declares(extra, tiny_model_dir, o
         orm = make_rm(tmp_path / "orm", "sequence")
         extra.append(f"reward.functions=[{{name: synthetic}}, {{name: reward_model, path: {orm}, weight: 0.5, "
                      "options: {batch_size: 6}}]")
+    if "TEACHER" in extra:
+        extra[extra.index("TEACHER")] = f"distill.teacher={tiny_model_dir}"
     keys = {"train.steps": 1, "mesh.data": 2, "mesh.fsdp": 2, **dict(e.split("=", 1) for e in extra)}
     cfg = resolve(load_config(None, overrides_for(tiny_model_dir, tmp_path / "run", **keys)))
     run = _run_programs(cfg, monkeypatch)
@@ -111,6 +114,7 @@ def test_the_plan_lowers_every_program_the_run_declares(extra, tiny_model_dir, o
         assert {"update: select", "update: start", "update: apply", "update: finish"} <= set(ran)
         assert sum(n.startswith("update: chunk") for n in ran) == 2  # R and the R/2 tail
     assert ("critic update" in ran) == (cfg.objective_config.uses_critic)
+    assert ("teacher_params" in ran["prepare"].args_info[1]) == (cfg.distill is not None)
     assert any(n.startswith("reward model") for n in ran) == ("reward_model" in str(extra))
     for name in sorted(ran):
         assert _signature(planned[name], run.mesh) == _signature(ran[name], run.mesh), name
