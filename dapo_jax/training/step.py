@@ -20,7 +20,6 @@ import time
 from typing import Any
 
 import jax
-import numpy as np
 
 from dapo_jax.objectives.adaptive_entropy import EntropyControl
 from dapo_jax.parallel.host import to_global, to_host
