@@ -12,7 +12,9 @@ import pytest
 
 from dapo_jax.rewards.reward_model import LearnedReward
 from dapo_jax.training import loop
-from dapo_jax.training.config.run import load_config, resolve
+from dapo_jax.training.config.resolve import resolve
+from dapo_jax.training.config.run import load_config
+from dapo_jax.training.plan.model_config import plan_model_config
 from dapo_jax.training.plan.programs import build_world
 from dapo_jax.training.update.compile_ahead import Program
 from tests.rewards.conftest import make_rm
@@ -101,8 +103,6 @@ def test_the_plan_lowers_every_program_the_run_declares(extra, tiny_model_dir, o
     keys = {"train.steps": 1, "mesh.data": 2, "mesh.fsdp": 2, **dict(e.split("=", 1) for e in extra)}
     cfg = resolve(load_config(None, overrides_for(tiny_model_dir, tmp_path / "run", **keys)))
     run = _run_programs(cfg, monkeypatch)
-    from dapo_jax.training.plan.model_config import plan_model_config
-
     model_cfg, _ = plan_model_config(cfg, None)
     with jax.set_mesh(run.mesh):
         jobs = {job.name: job for job in build_world(cfg, model_cfg, run.mesh).jobs()}
