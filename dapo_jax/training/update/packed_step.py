@@ -104,7 +104,7 @@ class PackedUpdate:
         self._eda = bool(getattr(objective, "entropy_driven_advantage", False))
         self._stats_fn, self._policy_pass = batch_statistics_of(objective, loss_terms)
         self._zero = None  # zero_acc's program: built at its first call, from a chunk's metric names
-        self._zero_lock = threading.Lock()  # one program, also when `precompile` runs on another thread
+        self._zero_lock = threading.Lock()  # one program, also when `stages` runs on a compile-ahead thread
         self._all_heights_run = False  # the first step runs every chunk height, used or not
 
         self.select = jax.jit(lambda batch, idx: jax.tree.map(lambda x: jnp.take(x, idx, axis=0), batch))
