@@ -6,7 +6,7 @@
 (the `qwen2.5-0.5b-gsm8k-dapo` recipe's batch: 96 prompts x G 8 sampled, 32 of them trained on in 2
 mini-batches of 4 micro-batches each, 512 new tokens). The step's programs are the trainer's own:
 `make_generate` samples `--gen-prompts` prompts x G, `make_logprob_fn` recomputes log π_old over the
-`--prompts` kept, and `PackedUpdate` runs the `--minibatches` updates. What is not the
+`--prompts` kept, and the packed update (built by `make_update`, as a run builds it) runs the `--minibatches` updates. What is not the
 trainer's: the weights are random, so no response ends before `--train-new-tokens` (the sampler runs
 with no EOS: every row decodes the whole length, the recipe's worst case) and the rewards would mean
 nothing; each response gets an advantage of +1 or -1 instead (what group normalisation gives a group
@@ -23,13 +23,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dapo_jax.models.attention import resolve, supports_branches
 from dapo_jax.objectives.registry import load_objective
 from dapo_jax.parallel.host import to_global
 from dapo_jax.parallel.mesh import batch_sharding
 from dapo_jax.sampling import SamplingConfig, make_generate
 from dapo_jax.training.config.sections import OptimSection
-from dapo_jax.training.update.packed_step import PackedUpdate
+from dapo_jax.training.update.programs import make_update
 from dapo_jax.training.update.train_step import Batch, init_train_state, make_logprob_fn, make_optimizer
 
 
@@ -45,15 +44,14 @@ def phase_dapo_step(args, cfg, mesh, graphdef, params, n_params: int) -> dict:
     pids = rng.integers(1, cfg.vocab_size, size=(gen_p, s)).astype(np.int32) * pmask
     adv = rng.choice([-1.0, 1.0], size=(p, g, 1)).astype(np.float32)
     put = lambda x: to_global(x, batch_sharding(mesh))  # noqa: E731
-    platform = mesh.devices.flat[0].platform
-    share = supports_branches(resolve(cfg.attention, platform=platform, seq_len=s + t))
     objective = load_objective("dapo", dynamic_sampling=False, overlong_buffer=None, max_response_length=t)
-    tx, schedule = make_optimizer(OptimSection(lr=1e-6, weight_decay=0.1, grad_clip=1.0))
+    optim = OptimSection(lr=1e-6, weight_decay=0.1, grad_clip=1.0, packing=True, micro_batches=args.micro_batches)
+    tx, schedule = make_optimizer(optim)
     generate = make_generate(graphdef, SamplingConfig(max_new_tokens=t, temperature=1.0, eos_token_ids=(),
                                                       pad_token_id=0), g)
     logprob = make_logprob_fn(graphdef, temperature=1.0)
-    update = PackedUpdate(graphdef, tx, schedule, objective=objective, put=put,
-                          micro_batches=args.micro_batches, share_prompts=share)
+    update, share = make_update(graphdef, tx, schedule, objective=objective, optim=optim, temperature=1.0, mesh=mesh,
+                                attention=cfg.attention, seq_len=s + t)  # the update as the run builds it
     per_mini = p // args.minibatches
 
     def step(state, key) -> tuple[object, dict, dict]:
