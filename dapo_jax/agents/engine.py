@@ -34,7 +34,7 @@ single-turn sampler's, with one uniform per row and step from `fold_in(key, step
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -133,6 +133,22 @@ class TurnEngine:
         self.prefill = jax.jit(self._prefill)
         self.decode = jax.jit(self._decode)
         self.append = jax.jit(self._append)
+
+    def programs(self, state, rows: int, prompt_width: int, key, *, lay_out: Callable = lambda tree: tree,
+                 batched: Callable = jax.ShapeDtypeStruct) -> list[tuple[str, Callable, tuple]]:
+        """`(name, jitted program, arguments)` of the three programs an episode batch runs
+        (agents/episodes.py), with the arguments it gives them, for `rows` episodes whose prompts are
+        `prompt_width` ids wide: "prefill" (ids, mask [rows, prompt_width] int32), "decode" one turn (active
+        bool [rows], budget int32 [rows]), "append" one chunk of observation ids (int32 [rows, append_width],
+        their counts int32 [rows]). `state` (the sampler's weights) and `key` as given; the engine's state is
+        `jax.eval_shape` of prefill through `lay_out` (the plan: the run's layout); the per-row host arrays
+        are `batched(shape, dtype)`."""
+        ids = batched((rows, prompt_width), jnp.int32)
+        es = lay_out(jax.eval_shape(self.prefill, state, ids, ids))
+        per_row = batched((rows,), jnp.int32)
+        return [("prefill", self.prefill, (state, ids, ids)),
+                ("decode", self.decode, (state, es, batched((rows,), jnp.bool_), per_row, key)),
+                ("append", self.append, (state, es, batched((rows, self.config.append_width), jnp.int32), per_row))]
 
     def _prefill(self, state, prompt_ids, prompt_mask) -> EngineState:
         """Left-padded prompts into a fresh cache of `C + A` slots; every row's `end` is the prompt width."""

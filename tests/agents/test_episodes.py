@@ -277,3 +277,33 @@ def test_one_long_episode_fits_a_cache_of_its_own_length_beside_rows_that_finish
     short = run(22)
     assert short[0].status == "context" and short[0].ids == eps[0].ids[:-1]  # its last id found no slot
     assert [ep.status for ep in short[1:]] == ["done"] * 3
+
+
+def test_the_engines_declared_programs_take_what_the_episodes_give_them(chain_engine):
+    """`TurnEngine.programs` (what `dapo-jax plan` lowers) declares each program's inputs: they are the
+    shapes and dtypes `run_episodes` calls it with (recorded on a real run), and the same programs."""
+    engine, state = chain_engine
+    seen = {}
+
+    def described(args):
+        leaves, tree = jax.tree.flatten(args)
+        return tree, [(tuple(jnp.shape(x)), str(x.dtype) if hasattr(x, "dtype") else str(jnp.result_type(x)))
+                      for x in leaves]
+
+    class Recording:
+        config = engine.config
+
+        def __getattr__(self, name):
+            fn = getattr(engine, name)
+
+            def call(*args):
+                seen.setdefault(name, described(args[1:]))
+                return fn(*args)
+            return call
+
+    run_chain((Recording(), state), [{"ids": [1, 2]}, {"ids": [14]}])
+    assert set(seen) == {"prefill", "decode", "append"}
+    declared = engine.programs(state, 4, 4, jax.random.key(0))
+    assert [(name, fn) for name, fn, _ in declared] == [(n, getattr(engine, n)) for n in ("prefill", "decode", "append")]
+    for name, _, args in declared:
+        assert described(args[1:]) == seen[name], name

@@ -280,22 +280,18 @@ class World:
         return jobs
 
     def _engine_jobs(self, engine, g: int, phase: str, sampler, sampler_resident, key, prefill) -> list[Job]:
-        """An agent run's prefill, decode (one turn) and append over `gen_batch x g` rows of `cache_slots` slots."""
+        """An agent run's prefill, decode (one turn) and append over `gen_batch x g` rows of `cache_slots` slots,
+        as `TurnEngine.programs` declares them; here only the words."""
         cfg = self.cfg
-        b, s, ec = cfg.rollout.gen_batch * g, cfg.data.max_prompt_length, engine.config
-        ids = self.batched((b, s), jnp.int32)
-        es = self.lay_out(jax.eval_shape(engine.prefill, sampler, ids, ids))
-        rows, chunk = self.batched((b,), jnp.int32), self.batched((b, ec.append_width), jnp.int32)
+        ec = engine.config
         words = f"{cfg.rollout.gen_batch} prompts x {g} episodes, {ec.cache_slots} cache slots"
-        return [
-            Job(f"{phase}: prefill", phase, engine.prefill, (sampler, ids, ids), resident=sampler_resident,
-                attention=prefill, shape=f"{words}, S {s}"),
-            Job(f"{phase}: decode", phase, engine.decode, (sampler, es, self.batched((b,), jnp.bool_), rows, key),
-                resident=sampler_resident, attention=prefill,
-                shape=f"{words}, a turn of at most {ec.sampling.max_new_tokens} ids"),
-            Job(f"{phase}: append", phase, engine.append, (sampler, es, chunk, rows), resident=sampler_resident,
-                attention=prefill, shape=f"{words}, {ec.append_width} observation ids per chunk"),
-        ]
+        shapes = {"prefill": f"{words}, S {cfg.data.max_prompt_length}",
+                  "decode": f"{words}, a turn of at most {ec.sampling.max_new_tokens} ids",
+                  "append": f"{words}, {ec.append_width} observation ids per chunk"}
+        return [Job(f"{phase}: {name}", phase, fn, args, resident=sampler_resident, attention=prefill,
+                    shape=shapes[name])
+                for name, fn, args in engine.programs(sampler, cfg.rollout.gen_batch * g, cfg.data.max_prompt_length,
+                                                      key, lay_out=self.lay_out, batched=self.batched)]
 
     def _prepare_words(self) -> str:
         cfg, passes = self.cfg, []
