@@ -17,6 +17,11 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(
     __import__("tempfile").gettempdir(), f"dapo_jax_test_jax_cache_{os.getuid()}"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+# The tests' programs are tiny and run for milliseconds, but XLA's CPU backend spends seconds optimising
+# each one in LLVM: without that (LLVM -O0, no expensive passes; the HLO the program is made of, its
+# fusions and buffers are the same) a tiny DAPO run's test takes about half the time. Subprocesses
+# inherit it, so a child and its parent still run the same machine code.
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 import pytest
 from hypothesis import settings

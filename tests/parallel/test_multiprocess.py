@@ -56,7 +56,8 @@ def _launch(model_dir: Path, run_dir: Path, tag: str, kill_1_at: str | None = No
     with `kill_1_at`, process 1 SIGKILLs itself at its first write under RUN_DIR/kill_1_at; `extra`:
     overrides besides EXTRA's)."""
     port = _free_port()
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu",
+           "JAX_DISABLE_MOST_OPTIMIZATIONS": "0"}  # see `optimised_compiles`
     out = []
     for i in range(2):
         if i == 1 and kill_1_at:
@@ -88,7 +89,19 @@ def _wait(procs, deadline: float) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def optimised_compiles():
+    """These runs compile as a user's do, not as the rest of the suite does (tests/conftest.py leaves out LLVM's
+    optimisation): with it left out, process 0 of the pair whose process 1 dies in a save was once (1 run in 2)
+    aborted by the coordination service's check ("stopped sending heartbeats", a C++ check failure) before it
+    named its peer with exit 7. Until that is understood, this module keeps the timings it was written against."""
+    previous = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", False)
+    yield
+    jax.config.update("jax_disable_most_optimizations", previous)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, optimised_compiles):
     root = tmp_path_factory.mktemp("multiprocess")
     model_dir = make_tiny_model(root / "model")
     deadline = time.time() + TIMEOUT_S
