@@ -14,16 +14,21 @@ itself, which lives in process 0, cannot be reached). A failed checkpoint save i
 (Orbax's save runs collectives, so a peer killed during a save fails it with "Connection reset by
 peer"): with a peer gone it is `PeerLost`, not a folder's `CheckpointSaveError`. `PeerLost` asks the checkpointer not to wait
 for a save that needs the dead process, and the CLI exits at once (`os._exit`), skipping the
-shutdown barrier.
+shutdown barrier. A survivor that waits where no error comes (a save's barrier in the coordination
+service waits for a killed peer until the heartbeat timeout) is ended by the watch thread itself: a peer
+seen alive whose counter stands still for `lost_s` (30 s) is lost, and the thread prints the same one
+line and exits 7. A process that leaves its PeerWatch (finished, or stopping on its own) marks its
+counter `done`, so a peer that ends first is never taken for a lost one.
 
 Not covered: the death of process 0, the coordinator. The JAX client of every other process aborts
 at once from C++ when its connection to the coordination service breaks (JAX's own message, exit
-134): no Python code runs. A survivor that waits outside a collective (an NCCL collective that hangs
-instead of failing) is ended by JAX's heartbeat timeout the same way.
+134): no Python code runs.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 
@@ -48,9 +53,13 @@ def coordination_client():
     return distributed.global_state.client
 
 
+DONE = "done"  # a process's counter once it has left its PeerWatch (finished, or stopping on its own)
+LOST_S = 30.0  # a peer seen alive whose counter stands still this long is lost, whatever this process is doing
+
+
 class PeerWatch:
-    def __init__(self, *, beat_s: float = 1.0, settle_s: float = 3.0):
-        self.beat_s, self.settle_s = beat_s, settle_s
+    def __init__(self, *, beat_s: float = 1.0, settle_s: float = 3.0, lost_s: float = LOST_S):
+        self.beat_s, self.settle_s, self.lost_s = beat_s, settle_s, lost_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.client = None
@@ -68,11 +77,28 @@ class PeerWatch:
         self.client.key_value_set(KEY.format(self.me), str(count), allow_overwrite=True)
 
     def _run(self) -> None:
-        count = 1
+        """Beats, and watches the others: a peer seen alive whose counter stands still for `lost_s` is gone
+        even when this process waits where no error comes (a save's barrier in the coordination service
+        waits for a killed peer until JAX's heartbeat timeout, 100 s, then aborts from C++): this thread then
+        says so in one line and ends the process with PeerLost's exit code, as the CLI would."""
+        count, seen = 1, {}  # peer -> (its last counter, when it last moved)
         while not self._stop.wait(self.beat_s):
             try:
                 self._beat(count)
+                now = time.monotonic()
+                for p in range(self.n):
+                    value = None if p == self.me else self.client.key_value_try_get(KEY.format(p))
+                    if value is None or value == DONE:
+                        seen.pop(p, None)
+                    elif seen.get(p, (None,))[0] != value:
+                        seen[p] = (value, now)
             except Exception:  # noqa: BLE001 - the store is gone (process 0 died): nothing left to tell
+                return
+            lost = sorted(p for p, (_, moved) in seen.items() if now - moved > self.lost_s)
+            if lost and not self._stop.is_set():
+                lost_now(PeerLost(f"process(es) {lost} of the run's {self.n} stopped answering {self.lost_s:g} s ago "
+                                  f"(killed, out of memory or a lost host?), so process {self.me} stops too. Rerun "
+                                  f"the same command on every process to resume from the last checkpoint"))
                 return
             count += 1
 
@@ -90,6 +116,11 @@ class PeerWatch:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self._stop.set()
+        if self.client is not None:
+            try:
+                self.client.key_value_set(KEY.format(self.me), DONE, allow_overwrite=True)  # gone on purpose
+            except Exception:  # noqa: BLE001 - the store is gone (process 0 died)
+                pass
         if self.client is None or exc is None or isinstance(exc, KeyboardInterrupt):
             return
         if isinstance(exc, RunStopped) and not exc.peer_may_be_the_cause:  # PeerLost itself, a preemption, ...
@@ -101,3 +132,13 @@ class PeerWatch:
                            f"a lost host?), so process {self.me} stops too; what it saw: {type(exc).__name__}: "
                            f"{first}. Rerun the same command on every process to resume from the last "
                            f"checkpoint") from exc
+
+
+def lost_now(error: PeerLost) -> None:
+    """Ends this process from the watch thread: the one line the CLI prints for `error`, then its exit code
+    (`os._exit`: the main thread may be blocked in C++, and JAX's shutdown barrier would wait for the lost
+    peer)."""
+    sys.stderr.write(f"dapo-jax: {type(error).__name__}: {error}\n")
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(error.exit_code)

@@ -101,3 +101,30 @@ def test_a_missing_logger_package_stops_both_processes_before_anything_loads(tmp
     procs = _launch(make_tiny_model(tmp_path / "model"), run_dir, "wandb", **{"train.loggers": "[wandb]"})
     _wait(procs, time.time() + HANG_GUARD_S)
     _refused(procs, "dapo-jax: ConfigError: train.loggers: wandb is listed but the package is not installed", set())
+
+
+def test_a_peer_killed_while_this_process_waits_outside_a_collective_is_named_by_the_watch():
+    """kill -9 of process 1 while process 0 waits where no error comes (a barrier of the coordination
+    service, as a checkpoint save does): the watch thread names process 1 and ends process 0 with exit 7
+    and one PeerLost line once process 1's counter has stood still `lost_s` (2 s), not JAX's heartbeat
+    abort from C++ (100 s; seen in a save before)."""
+    coordinator = f"localhost:{_free_port()}"
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"}
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.parallel.watch_pair", coordinator, str(i), "2"],
+                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    try:
+        outs = [p.communicate(timeout=HANG_GUARD_S) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert procs[1].returncode == -9, outs
+    assert procs[0].returncode == 7, outs
+    out, err = outs[0]
+    assert "waiting" in out and "the barrier returned" not in out, outs
+    lines = [x for x in err.splitlines() if x.startswith("dapo-jax:")]
+    assert len(lines) == 1 and lines[0].startswith("dapo-jax: PeerLost: process(es) [1] of the run's 2 stopped "
+                                                   "answering"), err[-2000:]
+    assert "Check failure stack trace" not in err and "Terminating process" not in err, err[-2000:]
