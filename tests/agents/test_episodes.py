@@ -190,7 +190,7 @@ def test_trainer_logprobs_equal_the_samplers_on_every_model_id(random_episodes):
     model_ids = a["loss_mask"].astype(bool)
     assert model_ids.sum() > 20 and (a["context_mask"].astype(bool) & ~model_ids).sum() >= 5
     gap = np.abs(np.asarray(logp) - a["logp"])[model_ids]
-    assert gap.max() <= 1e-6, gap.max()  # float32; 9.5e-7 measured
+    assert gap.max() <= 2e-6, gap.max()  # float32 rounding: 9.5e-7 measured compiled with LLVM optimisation, 1.4e-6 without (tests/conftest.py)
     assert np.all(a["logp"][~model_ids] == 0)
 
 
