@@ -22,3 +22,21 @@ def test_process_supervision_with_the_stop_scored_as_docs_league_md_says():
     acc, passk, drift = _cells(folder, "final_acc"), _cells(folder, "final_pass"), _cells(folder, "len_drift", 1)
     assert (acc, passk, drift) == ("0.400 ± 0.017", "0.717 ± 0.025", "2.3 ± 3.5")
     assert f"**{acc}** (pass@4 {passk}), length drift {drift} tokens" in page
+
+
+def test_the_recent_objectives_table_is_the_one_the_kept_runs_give():
+    """docs/league_recent.md's results row of every objective is recomputed from results/league_recent, and
+    the figures its findings quote are those cells."""
+    page = (REPO / "docs" / "league_recent.md").read_text()
+    folder = REPO / "results" / "league_recent"
+    quoted = {"grpo": "0.376 ± 0.045", "dapo": "0.332 ± 0.029", "dapo_geo_mask": "0.302 ± 0.068",
+              "dapo_bypass_geo_mask": "0.065 ± 0.033", "dapo_k3_mask": "0.339 ± 0.034", "grpo_v32": "0.285 ± 0.053",
+              "skywork_or1": "0.241 ± 0.016", "kl_cov": "0.151 ± 0.038", "clip_cov": "0.207 ± 0.054"}
+    rows = {r.key: r for r in league.ROWS}
+    for key in sorted(p.name for p in folder.iterdir() if p.is_dir()):
+        assert len(list((folder / key).glob("seed*"))) == 3, key
+        acc, passk = _cells(folder / key, "final_acc"), _cells(folder / key, "final_pass")
+        assert f"| {rows[key].label} | {acc} |" in page, (key, acc)
+        assert passk in page, (key, passk)
+        if key in quoted:
+            assert acc == quoted[key] and acc in page.split("## Findings")[1], (key, acc)
