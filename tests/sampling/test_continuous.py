@@ -38,8 +38,19 @@ class Source:
         return ids, mask, payloads
 
 
+@pytest.fixture(scope="module", autouse=True)
+def optimised_compiles():
+    """This module compares the continuous sampler's tokens with the serial sampler's exactly: two different
+    programs, so it compiles them as a user's run does (tests/conftest.py leaves out LLVM's optimisation, and
+    without it the two programs' float rounding once drew a different token)."""
+    previous = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", False)
+    yield
+    jax.config.update("jax_disable_most_optimizations", previous)
+
+
 @pytest.fixture(scope="module")
-def streamed():
+def streamed(optimised_compiles):
     model = tiny_decoder()
     graphdef, state = nnx.split(model)
     sampler = ContinuousSampler(graphdef, config(**SAMPLING), num_samples=G, slots=4, refill=2, prompt_width=WIDTH)
