@@ -26,6 +26,23 @@ from tests.training.conftest import make_tiny_model
 HANG_GUARD_S = 240  # a bound against a hang, not a timing: the bug ended in an abort after ~105 s
 
 
+def _run_pair(module: str, last_args: list[str]) -> tuple[list[subprocess.Popen], list[tuple[str, str]]]:
+    """Runs `python -m MODULE COORDINATOR PROCESS_ID ARG` as processes 0 and 1 of a jax.distributed pair
+    (ARG = `last_args[i]`, one CPU device each) to their end: the processes and their (stdout, stderr)."""
+    coordinator = f"localhost:{_free_port()}"
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"}
+    procs = [subprocess.Popen([sys.executable, "-m", module, coordinator, str(i), arg], cwd=REPO, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i, arg in enumerate(last_args)]
+    try:
+        return procs, [p.communicate(timeout=HANG_GUARD_S) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 def test_in_one_process_agree_returns_its_own_error_without_a_store():
     assert agree("a check", None, timeout_s=1) == {}
     assert agree("a check", "x: bad", timeout_s=1) == {0: "x: bad"}
@@ -37,18 +54,7 @@ def test_two_processes_agree_on_every_error_and_name_the_one_that_never_came():
     makes the call: the other raises PeerLost naming it once the timeout (3 s) has passed."""
     calls = [[["check", None], ["check", None], ["late", None]],  # process 0
              [["check", None], ["check", "data.train: x.jsonl: missing"]]]  # process 1 never reaches "late"
-    coordinator = f"localhost:{_free_port()}"
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"}
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.parallel.agree_pair", coordinator, str(i), json.dumps(c)],
-                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i, c in enumerate(calls)]
-    try:
-        outs = [p.communicate(timeout=HANG_GUARD_S) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    procs, outs = _run_pair("tests.parallel.agree_pair", [json.dumps(c) for c in calls])
     assert [p.returncode for p in procs] == [0, 0], outs
     got = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
     found = {"1": "data.train: x.jsonl: missing"}
@@ -108,18 +114,7 @@ def test_a_peer_killed_while_this_process_waits_outside_a_collective_is_named_by
     service, as a checkpoint save does): the watch thread names process 1 and ends process 0 with exit 7
     and one PeerLost line once process 1's counter has stood still `lost_s` (2 s), not JAX's heartbeat
     abort from C++ (100 s; seen in a save before)."""
-    coordinator = f"localhost:{_free_port()}"
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"}
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.parallel.watch_pair", coordinator, str(i), "2"],
-                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(2)]
-    try:
-        outs = [p.communicate(timeout=HANG_GUARD_S) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    procs, outs = _run_pair("tests.parallel.watch_pair", ["2", "2"])
     assert procs[1].returncode == -9, outs
     assert procs[0].returncode == 7, outs
     out, err = outs[0]

@@ -364,12 +364,7 @@ class Checkpointer:
         for the folder to go before calling the failure corruption."""
         folder = self.directory / str(step)
         if error is not None:
-            deadline, count, still_since = time.monotonic() + ROTATION_GRACE_S, _file_count(folder), time.monotonic()
-            while count is not None and time.monotonic() < deadline and time.monotonic() - still_since < 0.2:
-                time.sleep(0.02)
-                now = _file_count(folder)
-                if now != count:
-                    count, still_since = now, time.monotonic()
+            _wait_while_deleted(folder, ROTATION_GRACE_S)
         if not folder.is_dir():
             raise CheckpointRotatedError(
                 f"checkpoint {self.directory}/{step} was deleted while it was read: the training run writing "
@@ -411,6 +406,16 @@ class Checkpointer:
             ocp.multihost.sync_global_processes(f"dapo_jax_quarantine_{step}")
         self.manager.reload()
         return dest
+
+
+def _wait_while_deleted(folder: Path, limit_s: float, still_s: float = 0.2) -> None:
+    """Returns once `folder` is gone, its file count has held still `still_s`, or `limit_s` has passed."""
+    deadline = time.monotonic() + limit_s
+    count, moved = _file_count(folder), time.monotonic()
+    while count is not None and (now := time.monotonic()) < deadline and now - moved < still_s:
+        time.sleep(0.02)
+        if (latest := _file_count(folder)) != count:
+            count, moved = latest, time.monotonic()
 
 
 def _file_count(folder: Path) -> int | None:
