@@ -218,9 +218,10 @@ class PackedUpdate:
         self._all_heights_run = True
         return TrainState(*carry), self.finish(outs, carry[3])
 
-    def _empty(self, rows: int, length: int, prompts: int, response_shape) -> tuple:
-        """An empty chunk of `rows` x `length` for a mini-batch of `prompts` prompts, on the device."""
-        return tuple(self.put(x) for x in _empty_chunk(rows, length, (prompts, *response_shape[1:])))
+    def _empty(self, rows: int, length: int, prompts: int, response_shape, put: Callable | None = None) -> tuple:
+        """An empty chunk of `rows` x `length` for a mini-batch of `prompts` prompts, through `put` (default the
+        update's own: on the device)."""
+        return tuple((put or self.put)(x) for x in _empty_chunk(rows, length, (prompts, *response_shape[1:])))
 
     def stages(self, state: TrainState, batch: Batch, frozen=None, entropy_coef=None, *, put: Callable | None = None,
                outputs: Callable = run_outputs) -> list[Program]:
@@ -247,7 +248,7 @@ class PackedUpdate:
         pm = mini.response_ids.shape[0]
 
         def empty(r):
-            return tuple(put(x) for x in _empty_chunk(r, length, (pm, g, t)))
+            return self._empty(r, length, pm, (p, g, t), put)
 
         first = empty(rows)
         acc = outputs("own", self._zero_program(state.params, mini, first, stats, frozen), (state.params,))
