@@ -41,11 +41,15 @@ __all__ = [
     "math_verify_equal",
     "parse_gold",
     "parse_prediction",
+    "timeouts",
 ]
 
 DEFAULT_TIMEOUT_S = 3.0
 DEFAULT_MAX_CHARS = 1000
 DEFAULT_MAX_BITS = 100_000  # about 30,000 decimal digits: SymPy handles that in milliseconds
+
+_log = logging.getLogger(__name__)
+_timeouts = 0  # checks in this process that ran past their deadline (see timeouts())
 
 
 class SymbolicTimeout(BaseException):
@@ -117,7 +121,27 @@ def _math_verify():
 
     for name in ("math_verify.parser", "math_verify.grader"):
         logging.getLogger(name).addFilter(_DropTimeoutDisabled())
-    return math_verify, (LatexExtractionConfig(), ExprExtractionConfig())
+    configs = (LatexExtractionConfig(), ExprExtractionConfig())
+    # Warm up outside any deadline: the first parse builds math-verify's LaTeX grammar and the
+    # first comparison loads SymPy's constants and simplifiers (about a second on a quiet core,
+    # several on a loaded one). Charged to a user's first answer, that cost once ran past the
+    # deadline and scored a right answer as wrong.
+    for gold, pred in _WARM_UP:
+        math_verify.verify(
+            math_verify.parse(gold, extraction_config=configs, parsing_timeout=None),
+            math_verify.parse(pred, extraction_config=configs, parsing_timeout=None),
+            timeout_seconds=None,
+        )
+    return math_verify, configs
+
+
+# Pairs that touch the grammar, fractions, roots, constants, tuples and plain expressions.
+
+_WARM_UP = (
+    ("\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}", "\\boxed{(3, \\pi/2)}"),
+    ("\\boxed{2\\sqrt{2}}", "\\boxed{\\sqrt{8}}"),
+    ("\\boxed{0.5}", "x = 1/2"),
+)
 
 
 def parse_gold(gold: str):
@@ -212,4 +236,18 @@ def math_verify_equal(
                 return False
             return bool(math_verify.verify(gold, pred, timeout_seconds=None))
     except SymbolicTimeout:
+        global _timeouts
+        _timeouts += 1
+        if _timeouts == 1 or _timeouts % 100 == 0:
+            _log.warning(
+                "math-verify ran past its %.1f s deadline %d time(s) in this process: each scored "
+                "as not equal (raise timeout_s if right answers are being refused)",
+                timeout_s,
+                _timeouts,
+            )
         return False
+
+
+def timeouts() -> int:
+    """How many checks in this process ran past their deadline, each scored as not equal."""
+    return _timeouts

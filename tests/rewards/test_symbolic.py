@@ -1,7 +1,9 @@
 """The symbolic check: equalities, its time bound on pathological input, from worker threads."""
 
+import logging
 import math
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -9,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from dapo_jax.rewards import symbolic
 from dapo_jax.rewards.symbolic import SymbolicTimeout, deadline, log2_magnitude_bound, math_verify_equal
 
 PATHOLOGICAL = [
@@ -171,3 +174,31 @@ def test_magnitude_bound():
     assert log2_magnitude_bound(sympy.factorial(sympy.Integer(10**7), evaluate=False)) > 1e8
     x = sympy.Symbol("x")
     assert log2_magnitude_bound(x + 1) < 10
+
+
+def test_a_fresh_process_first_check_is_not_charged_for_the_warm_up():
+    # The first parse builds math-verify's grammar and the first comparison loads SymPy's
+    # constants (about a second, several on a loaded machine). That cost is paid outside the
+    # deadline, so a right first answer under a 0.25 s deadline is still right.
+    code = (
+        "from dapo_jax.rewards import symbolic\n"
+        "ok = symbolic.math_verify_equal("
+        "'\\\\boxed{(3, \\\\pi/2)}', '\\\\left( 3, \\\\frac{\\\\pi}{2} \\\\right)', timeout_s=0.25)\n"
+        "print(ok, symbolic.timeouts())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "0"]
+
+
+def test_a_check_past_its_deadline_is_counted_and_said(caplog, monkeypatch):
+    math_verify_equal("\\boxed{1}", "1")  # warm: the next call's cost is only the check
+    monkeypatch.setattr(symbolic, "_timeouts", 0)
+    with caplog.at_level(logging.WARNING, logger="dapo_jax.rewards.symbolic"):
+        assert not math_verify_equal("\\boxed{x^2 + 2x + 1}", "(x+1)^2", timeout_s=1e-6)
+        assert symbolic.timeouts() == 1
+        assert "past its 0.0 s deadline 1 time(s)" in caplog.text  # said the first time
+        caplog.clear()
+        assert not math_verify_equal("\\boxed{x^2 + 2x + 1}", "(x+1)^2", timeout_s=1e-6)
+    assert symbolic.timeouts() == 2
+    assert "deadline" not in caplog.text  # then only every 100th
