@@ -1,7 +1,7 @@
 """What the CLI sets up before it imports anything heavy (JAX, the data and reward stack: seconds).
 
     from dapo_jax import startup
-    startup.prepare()          # first thing in cli.py
+    startup.prepare()          # first thing in dapo_jax/cli/__init__.py
 
 - A SIGTERM or SIGHUP before the run's own handlers are in place (imports, reading the config, loading the
   data) ends the process with one line and exit 143, as one during loading or compiling does

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dapo_jax.cli import build_parser
+from dapo_jax.cli.parser import build_parser
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()

@@ -493,9 +493,10 @@ def test_ctrl_c_while_the_run_loads_is_one_line_and_130(tmp_path):
     code = ("import signal, sys, time\n"
             "signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, whatever the parent ignores\n"
             "import dapo_jax.cli as cli\n"
+            "import dapo_jax.cli.commands as commands\n"
             "def slow(*a, **k):  # the config takes long to read\n"
             "    print('ready', flush=True); time.sleep(120)\n"
-            "cli.load_config = slow\n"
+            "commands.load_config = slow\n"
             "sys.exit(cli.main(['train', 'tiny_dapo']))\n")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "PYTHONPATH": str(REPO)})

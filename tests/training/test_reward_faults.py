@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from dapo_jax.cli import json_line, main
+from dapo_jax.cli import main
+from dapo_jax.cli.commands import json_line
 from dapo_jax.training.config.base import ConfigError
 from dapo_jax.training.config.run import load_config
 from dapo_jax.training.metrics import read_metrics

@@ -153,5 +153,5 @@ def release_orbax_threads() -> None:
             try:
                 t.cancel()
                 orbax_future.set_signals(t._receive_signals, operation_id=t._operation_id)
-            except Exception as e:  # noqa: BLE001 - best effort: the CLI still exits (cli.py)
+            except Exception as e:  # noqa: BLE001 - best effort: the CLI still exits (cli/__init__.py)
                 log.debug("could not release Orbax thread %s: %s", t.name, e)

@@ -1,4 +1,5 @@
-"""`dapo-jax` CLI: train -> eval -> export (loads in transformers, same logits) -> plot; config errors exit 2."""
+"""`dapo-jax`'s commands (dapo_jax/cli/commands.py): train -> eval -> export (loads in transformers, same logits)
+-> plot; a packaged recipe named by its name; starvation exits 3."""
 
 import json
 from pathlib import Path
@@ -95,13 +96,6 @@ def test_plot_command_writes_pngs(trained, capsys):
     assert paths and all(p.suffix == ".png" and p.stat().st_size > 1000 for p in paths)
 
 
-def test_config_errors_exit_2_naming_the_key(tmp_path, capsys):
-    assert main(["train", "tiny_dapo", "rollout.G=1", f"train.run_dir={tmp_path}"]) == 2
-    assert "rollout.G" in capsys.readouterr().err
-    assert main(["train", str(tmp_path / "missing.yaml")]) == 2
-    assert "does not exist" in capsys.readouterr().err
-
-
 def test_named_config_resolves_to_configs_dir(tmp_path, capsys, monkeypatch):
     # `dapo-jax train tiny_grpo ...` finds the packaged tiny_grpo.yaml; the bad override fails before any work.
     monkeypatch.chdir(tmp_path)  # anywhere: the recipes ship inside the package
@@ -113,24 +107,6 @@ def test_named_config_resolves_to_configs_dir(tmp_path, capsys, monkeypatch):
     assert "(did you mean 'tiny_grpo'?)" in capsys.readouterr().err
 
 
-def test_transformers_torch_banner_is_dropped_and_nothing_else():
-    """The filter sits on the logger transformers' __init__ announces a missing torch on (the wheel test,
-    tests/test_packaging.py, sees the whole command's stderr without torch)."""
-    import logging
-
-    from dapo_jax.cli import _NoTorchBanner
-
-    (banner,) = [f for f in logging.getLogger("transformers").filters if isinstance(f, _NoTorchBanner)]
-
-    def record(msg):
-        return logging.LogRecord("transformers", logging.WARNING, __file__, 1, msg, None, None)
-
-    assert not banner.filter(record("PyTorch was not found. Models won't be available and only tokenizers, "
-                                    "configuration and file/data utilities can be used."))
-    assert banner.filter(record("PyTorch was found lacking something else"))
-    assert banner.filter(record("Special tokens have been added in the vocabulary"))
-
-
 def test_starvation_exits_3_with_its_message(trained, tmp_path, capsys):
     # Every response "correct" (an always-matching format check): no group has spread, nothing is kept.
     model_dir, _ = trained
@@ -140,20 +116,6 @@ def test_starvation_exits_3_with_its_message(trained, tmp_path, capsys):
     assert main(["train", "tiny_dapo", *args]) == 3
     err = capsys.readouterr().err
     assert "kept 0 of the 2 groups" in err and "max_gen_batches=2" in err
-
-
-@pytest.mark.parametrize("argv, line", [
-    (["train", "tiny_dapo", "rollout.num_generations=8"],
-     "rollout.num_generations: unknown key (did you mean 'rollout.G'? 'num_generations' is what other trainers call it)"),
-    (["train", "--config", "my.yaml"], "dapo-jax: ConfigError: --config: the config is the first argument, as a recipe "
-                                       "name or a path: dapo-jax train CONFIG.yaml key.sub=value ..."),
-    (["train", "tiny_dapo", "reward.functions=[{name: gsm8k}"], "dapo-jax: ConfigError: override "
-     "'reward.functions=[{name: gsm8k}': the value is not valid YAML (line 1, column 15)"),
-])
-def test_other_trainers_spellings_and_yaml_slips_are_one_line_with_a_hint(argv, line, capsys):
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("dapo-jax: ConfigError: ") and line in err[0], err
 
 
 def test_eval_data_takes_the_field_keys_and_checks_the_file_before_the_model(trained, tmp_path, capsys):
