@@ -50,7 +50,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from dapo_jax.models.config import ModelConfigError
     from dapo_jax.models.hf_io import CheckpointError as ModelCheckpointError
     from dapo_jax.parallel.mesh import MeshError
-    from dapo_jax.training.state.checkpoint import CheckpointError
+    from dapo_jax.training.state.checkpoint_errors import CheckpointError
 
     return (ConfigError, DataError, ModelCheckpointError, ModelConfigError, CheckpointError, MeshError,
             FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)

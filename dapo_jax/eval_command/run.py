@@ -44,7 +44,7 @@ from dapo_jax.training.config.resolve import resolve
 from dapo_jax.training.config.run import RunConfig, config_from_dict, load_config
 from dapo_jax.training.evaluate import eval_key, evaluate
 from dapo_jax.training.metrics import read_metrics
-from dapo_jax.training.state.checkpoint import ROTATION_RETRIES
+from dapo_jax.training.state.rotation import ROTATION_RETRIES
 
 _BASE_RUN_DIR = "<no run: a base model>"
 

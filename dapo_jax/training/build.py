@@ -27,7 +27,7 @@ from dapo_jax.sampling.config import SamplingConfig
 from dapo_jax.training.config.base import ConfigError
 from dapo_jax.training.config.paths import resolve_path
 from dapo_jax.training.config.run import RunConfig
-from dapo_jax.training.state.checkpoint import restore_params
+from dapo_jax.training.state.checkpoint_reader import restore_params
 from dapo_jax.training.update.lora import PolicyWeights
 from dapo_jax.training.update.train_step import init_train_state, make_optimizer
 

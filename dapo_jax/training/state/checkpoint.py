@@ -11,7 +11,7 @@ prompt-stream position, ...) and, when present, `carry` (kept groups carried to 
 
 A checkpoint never fails silently:
 
-- **Verified on read.** `save` records in `meta` the CRC-32 of every array of `state` and `carry`
+- **Verified on read** (`checksums.py`). `save` records in `meta` the CRC-32 of every array of `state` and `carry`
   (of its bytes, gathered on the host), keyed by the leaf's tree path with its shape and dtype, and a
   CRC-32 of the JSON itself. `restore` recomputes them and raises `CheckpointCorruptError`, naming the
   checkpoint and the first bad leaf, on any mismatch or on any file it cannot read. Orbax checks
@@ -44,58 +44,35 @@ A checkpoint never fails silently:
   the failed save are released (`abandon`), so the process exits instead of waiting for them
   (`failed_save.py`).
 
-`restore_params` (eval, export) reads without moving anything: it skips a corrupt newest checkpoint
+`restore_params` (eval, export; `checkpoint_reader.py`) reads without moving anything: it skips a corrupt newest checkpoint
 with a warning, raises `CheckpointUnreadableError` when none is good, and `CheckpointCorruptError`
-when the `step` asked for is corrupt.
+when the `step` asked for is corrupt. A checkpoint deleted by the writing run's rotation while it is read
+is `CheckpointRotatedError`, not corruption (`rotation.py`). The errors are in `checkpoint_errors.py`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 import warnings
-import zlib
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from dapo_jax.training.state.checkpoint_errors import (CheckpointCorruptError, CheckpointError,
+                                                       CheckpointUnreadableError)
+from dapo_jax.training.state.checksums import check_fits, fingerprints, json_crc32, verify
 from dapo_jax.training.state.failed_save import (CheckpointSaveError, errno_of, quiet_orbax_errors, release_orbax_threads,
                                                  save_failure)
+from dapo_jax.training.state.rotation import check_not_rotated
 
 log = logging.getLogger(__name__)
 
 FRESH_START_KEY = "train.fresh_start"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be written or used as asked."""
-
-
-class CheckpointCorruptError(CheckpointError):
-    """A checkpoint's files cannot be read or do not match the checksums recorded at save time."""
-
-
-class CheckpointUnreadableError(CheckpointError):
-    """Checkpoints exist but none of them is readable."""
-
-
-class CheckpointRotatedError(CheckpointError):
-    """The checkpoint was deleted before or while it was read: the training run writing into the folder
-    keeps only its newest `train.keep_checkpoints` (Orbax deletes the older ones). Not a corrupt one."""
-
-
-ROTATION_RETRIES = 5  # the newest deleted under a reader this many times in a row is no longer a race
-ROTATION_GRACE_S = 2.0  # a failed read waits this long for a folder rotation is deleting file by file to vanish
-
-
-class NonFiniteStateError(CheckpointError):
-    """`save` refused a state holding NaN or inf; nothing was written."""
 
 
 class Restored(NamedTuple):
@@ -128,74 +105,6 @@ def abstract_like(tree):
                                     jax.sharding.NamedSharding(named[0].mesh, jax.sharding.PartitionSpec()))
         return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding)
     return jax.tree.map(one, tree)
-
-
-def _crc32(data) -> str:
-    return f"{zlib.crc32(data):08x}"
-
-
-def _json_crc32(obj) -> str:
-    return _crc32(json.dumps(obj, sort_keys=True).encode())
-
-
-def _host(x) -> np.ndarray | None:
-    """The whole array on this host; None for an array sharded over several hosts."""
-    if isinstance(x, jax.Array):
-        if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
-            x = jax.random.key_data(x)
-        if not x.is_fully_addressable:
-            return None
-        return np.asarray(jax.device_get(x))
-    return np.asarray(x)
-
-
-def _fingerprints(tree, *, refuse_non_finite: str | None = None) -> dict[str, dict]:
-    """Tree path -> {crc32, shape, dtype} of every leaf; crc32 None for a multi-host array.
-
-    With `refuse_non_finite` (the checkpoint's name), a float leaf holding NaN or inf raises
-    NonFiniteStateError."""
-    out = {}
-    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        name = jax.tree_util.keystr(path)
-        host = _host(x)
-        dtype = x.dtype if host is None else host.dtype
-        if refuse_non_finite and jnp.issubdtype(dtype, jnp.inexact):
-            finite = bool(jnp.isfinite(x).all()) if host is None else bool(np.isfinite(host).all())
-            if not finite:
-                detail = "" if host is None else f" ({np.isnan(host).sum()} NaN, {np.isinf(host).sum()} inf)"
-                raise NonFiniteStateError(f"refusing to save {refuse_non_finite}: state leaf {name} is not "
-                                          f"finite{detail}; nothing was written")
-        crc = None if host is None else _crc32(np.ascontiguousarray(host).reshape(-1).view(np.uint8))
-        out[name] = {"crc32": crc, "shape": list(np.shape(x)), "dtype": str(dtype)}
-    return out
-
-
-def _verify(tree, record: dict[str, dict], where: str, item: str) -> None:
-    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        name = jax.tree_util.keystr(path)
-        rec = record.get(name)
-        if rec is None:
-            raise CheckpointCorruptError(f"checkpoint {where} is corrupt: {item} leaf {name} has no checksum record")
-        host = _host(x)
-        if rec["crc32"] is None or host is None or str(host.dtype) != rec["dtype"]:
-            continue  # multi-host array or a deliberate cast: nothing to compare
-        if _crc32(np.ascontiguousarray(host).reshape(-1).view(np.uint8)) != rec["crc32"]:
-            raise CheckpointCorruptError(f"checkpoint {where} is corrupt: {item} leaf {name} does not match "
-                                         f"the checksum recorded when it was saved")
-
-
-def _check_fits(target, record: dict[str, dict], where: str) -> None:
-    """An intact record that does not fit the target is a changed config, not a corrupt file."""
-    leaves = {jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_flatten_with_path(target)[0]}
-    missing, extra = sorted(record.keys() - leaves.keys()), sorted(leaves.keys() - record.keys())
-    if missing or extra:
-        raise CheckpointError(f"checkpoint {where} does not fit the restore target: saved leaves not in the "
-                              f"target {missing[:3]}, target leaves not saved {extra[:3]} (model or optimizer "
-                              f"changed?)")
-    for name, x in leaves.items():
-        if list(np.shape(x)) != record[name]["shape"]:
-            raise CheckpointError(f"checkpoint {where} does not fit the restore target: {name} was saved with "
-                                  f"shape {tuple(record[name]['shape'])}, the target has {tuple(np.shape(x))}")
 
 
 def _is_out_of_memory(e: BaseException) -> bool:
@@ -254,17 +163,17 @@ class Checkpointer:
         is NaN or inf. `meta` must be JSON; its keys `step`, `has_carry`, `checksums` and
         `meta_crc32` are this module's."""
         step = int(step)
-        sums = {"state": _fingerprints(state, refuse_non_finite=f"checkpoint {self.directory}/{step}")}
+        sums = {"state": fingerprints(state, refuse_non_finite=f"checkpoint {self.directory}/{step}")}
         items = {"state": ocp.args.StandardSave(state)}
         if critic is not None:
-            sums["critic"] = _fingerprints(critic, refuse_non_finite=f"checkpoint {self.directory}/{step}")
+            sums["critic"] = fingerprints(critic, refuse_non_finite=f"checkpoint {self.directory}/{step}")
             items["critic"] = ocp.args.StandardSave(critic)
         if carry is not None:
             carry = {k: np.asarray(v) for k, v in carry.items()}
-            sums["carry"] = _fingerprints(carry)
+            sums["carry"] = fingerprints(carry)
             items["carry"] = ocp.args.StandardSave(carry)
         record = json.loads(json.dumps({**meta, "step": step, "has_carry": carry is not None, "checksums": sums}))
-        record["meta_crc32"] = _json_crc32(record)
+        record["meta_crc32"] = json_crc32(record)
         items["meta"] = ocp.args.JsonSave(record)
         self.wait()  # the previous save: its failure stops the run here, before another is started
         try:
@@ -309,28 +218,28 @@ class Checkpointer:
         where = f"{self.directory}/{step}"
         if step not in self.all_steps():
             raise FileNotFoundError(f"no checkpoint {where}; the checkpoints there are steps {self.all_steps()}")
-        self._check_not_rotated(step, None)
+        check_not_rotated(self.directory, step, None)
         try:
             meta = dict(self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"])
         except Exception as e:  # noqa: BLE001 - any failure to read the JSON is a corrupt checkpoint
             if _is_out_of_memory(e):
                 raise
-            self._check_not_rotated(step, e)
+            check_not_rotated(self.directory, step, e)
             raise CheckpointCorruptError(f"checkpoint {where} is unreadable: its meta JSON cannot be read "
                                          f"({type(e).__name__}: {str(e)[:300]})") from e
         sums = meta.pop("checksums", None)
         crc = meta.pop("meta_crc32", None)
         if crc is None and sums is None:
             log.warning("checkpoint %s predates checksums: restored unverified", where)
-        elif crc != _json_crc32({**meta, "checksums": sums}):
+        elif crc != json_crc32({**meta, "checksums": sums}):
             raise CheckpointCorruptError(f"checkpoint {where} is corrupt: its meta JSON does not match its checksum")
         else:
-            _check_fits(target, sums["state"], where)
+            check_fits(target, sums["state"], where)
             if critic is not None:
                 if "critic" not in sums:
                     raise CheckpointError(f"checkpoint {where} holds no critic state, and this run has a critic "
                                           f"(objective changed?)")
-                _check_fits(critic, sums["critic"], where)
+                check_fits(critic, sums["critic"], where)
         items = {"state": ocp.args.StandardRestore(abstract_like(target))}
         if critic is not None:
             items["critic"] = ocp.args.StandardRestore(abstract_like(critic))
@@ -341,35 +250,19 @@ class Checkpointer:
         except Exception as e:  # noqa: BLE001 - a file missing, truncated or garbled
             if _is_out_of_memory(e):
                 raise
-            self._check_not_rotated(step, e)
+            check_not_rotated(self.directory, step, e)
             raise CheckpointCorruptError(f"checkpoint {where} is unreadable ({type(e).__name__}: "
                                          f"{str(e)[:300]})") from e
         carry = None
         if meta.get("has_carry"):
             carry = {k: np.asarray(v) for k, v in out["carry"].items()}
         if sums is not None:
-            _verify(out["state"], sums["state"], where, "state")
+            verify(out["state"], sums["state"], where, "state")
             if carry is not None:
-                _verify(carry, sums.get("carry", {}), where, "carry")
+                verify(carry, sums.get("carry", {}), where, "carry")
             if critic is not None:
-                _verify(out["critic"], sums["critic"], where, "critic")
+                verify(out["critic"], sums["critic"], where, "critic")
         return Restored(step, out["state"], meta, carry, [], out["critic"] if critic is not None else None)
-
-    def _check_not_rotated(self, step: int, error: BaseException | None) -> None:
-        """Raises CheckpointRotatedError when checkpoint `step`'s folder is gone (listed by Orbax a moment
-        ago, then deleted by the training run's rotation): a read that failed because of it is no corruption.
-
-        Rotation deletes a folder file by file, so a read can fail on a missing file while the folder is still
-        there: after a failed read, while files keep disappearing from it (up to ROTATION_GRACE_S), this waits
-        for the folder to go before calling the failure corruption."""
-        folder = self.directory / str(step)
-        if error is not None:
-            _wait_while_deleted(folder, ROTATION_GRACE_S)
-        if not folder.is_dir():
-            raise CheckpointRotatedError(
-                f"checkpoint {self.directory}/{step} was deleted while it was read: the training run writing "
-                f"there keeps only its newest train.keep_checkpoints; name a newer one, or the run dir for its "
-                f"newest") from error
 
     def restore_latest(self, target, *, critic=None) -> Restored | None:
         """The newest good checkpoint, after quarantining every newer corrupt one; None when there is
@@ -406,69 +299,3 @@ class Checkpointer:
             ocp.multihost.sync_global_processes(f"dapo_jax_quarantine_{step}")
         self.manager.reload()
         return dest
-
-
-def _wait_while_deleted(folder: Path, limit_s: float, still_s: float = 0.2) -> None:
-    """Returns once `folder` is gone, its file count has held still `still_s`, or `limit_s` has passed."""
-    deadline = time.monotonic() + limit_s
-    count, moved = _file_count(folder), time.monotonic()
-    while count is not None and (now := time.monotonic()) < deadline and now - moved < still_s:
-        time.sleep(0.02)
-        if (latest := _file_count(folder)) != count:
-            count, moved = latest, time.monotonic()
-
-
-def _file_count(folder: Path) -> int | None:
-    """How many files `folder` holds now (None once it is gone)."""
-    try:
-        return sum(len(files) for _, _, files in os.walk(folder)) if folder.is_dir() else None
-    except OSError:
-        return None
-
-
-def _reader(directory) -> Checkpointer:
-    """A Checkpointer to read from. Orbax lists the step folders, then reads each one's time: a step that a
-    training run's rotation deleted in between fails the listing (FileNotFoundError), which is listed again."""
-    for attempt in range(ROTATION_RETRIES + 1):
-        try:
-            return Checkpointer(directory, async_save=False)
-        except FileNotFoundError:
-            if attempt == ROTATION_RETRIES:
-                raise
-    raise AssertionError("unreachable")
-
-
-def restore_params(checkpoint_dir: str | Path, target, step: int | None = None) -> Restored:
-    """A checkpoint (newest good one when `step` is None) for eval and export: read-only, verified.
-
-    Skips a corrupt newest checkpoint with a RuntimeWarning; when a training run's rotation deletes the
-    newest before or while it is read, reads the newest one then on disk (a RuntimeWarning says so).
-    Raises CheckpointUnreadableError when none is good, CheckpointCorruptError when `step` is given and
-    corrupt, CheckpointRotatedError when `step` is given and was deleted, FileNotFoundError when there is
-    no checkpoint."""
-    ckpt = _reader(checkpoint_dir)
-    try:
-        if step is not None:
-            return ckpt.restore(step, target)
-        for _ in range(ROTATION_RETRIES + 1):
-            steps = ckpt.all_steps()[::-1]
-            if not steps:
-                raise FileNotFoundError(f"no checkpoint in {checkpoint_dir}")
-            try:
-                for s in steps:
-                    try:
-                        return ckpt.restore(s, target)
-                    except CheckpointCorruptError as e:
-                        warnings.warn(f"{e}; using the previous checkpoint", RuntimeWarning, stacklevel=2)
-            except CheckpointRotatedError as e:
-                warnings.warn(f"{e}: reading the newest one now", RuntimeWarning, stacklevel=2)
-                ckpt.close()
-                ckpt = _reader(checkpoint_dir)  # the steps on disk now
-                continue
-            raise CheckpointUnreadableError(f"no readable checkpoint in {checkpoint_dir}: steps {steps} are all "
-                                            f"corrupt or unreadable")
-        raise CheckpointUnreadableError(f"no readable checkpoint in {checkpoint_dir}: the newest was deleted while "
-                                        f"it was read {ROTATION_RETRIES + 1} times in a row (a training run saving "
-                                        f"faster than it can be read?)")
-    finally:
-        ckpt.close()

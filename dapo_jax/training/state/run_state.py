@@ -23,7 +23,8 @@ import numpy as np
 
 from dapo_jax.objectives.adaptive_entropy import EntropyControl
 from dapo_jax.training import sources
-from dapo_jax.training.state.checkpoint import Checkpointer, CheckpointUnreadableError
+from dapo_jax.training.state.checkpoint import Checkpointer
+from dapo_jax.training.state.checkpoint_errors import CheckpointUnreadableError
 from dapo_jax.training.config.run import RunConfig
 from dapo_jax.training.overlap import Prefetched, Prefetcher, pack, unpack
 from dapo_jax.training.rollout import Groups

@@ -17,7 +17,8 @@ from dapo_jax.models.logprobs import response_logprobs
 from dapo_jax.models.value_head import ValueModel, response_values
 from dapo_jax.objectives.config import ObjectiveConfig
 from dapo_jax.objectives.gae import value_loss
-from dapo_jax.training.state.checkpoint import CheckpointError, Checkpointer
+from dapo_jax.training.state.checkpoint import Checkpointer
+from dapo_jax.training.state.checkpoint_errors import CheckpointError
 from dapo_jax.training.config.run import load_config
 from dapo_jax.training.config.sections import OptimSection
 from dapo_jax.training.update.critic import Critic, CriticBatch, critic_values, make_critic_step, policy_nll_weights
