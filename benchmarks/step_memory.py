@@ -57,7 +57,7 @@ def make_model(out: Path) -> None:
 
     from dapo_jax.models.config import ModelConfig
     from dapo_jax.models.decoder import Decoder
-    from dapo_jax.models.hf_io import hf_name
+    from dapo_jax.models.hf_names import hf_name
 
     import ml_dtypes
     from flax import nnx

@@ -39,7 +39,8 @@ from dapo_jax.data import cot  # noqa: E402
 from dapo_jax.data.char_tokenizer import save_char_tokenizer  # noqa: E402
 from dapo_jax.models.classifier import Classifier, sequence_logits  # noqa: E402
 from dapo_jax.models.decoder import positions_from_mask  # noqa: E402
-from dapo_jax.models.hf_io import load_pretrained, load_tokenizer, save_classifier  # noqa: E402
+from dapo_jax.models.hf_classifier_io import save_classifier  # noqa: E402
+from dapo_jax.models.hf_io import load_pretrained, load_tokenizer  # noqa: E402
 from dapo_jax.rewards.reward_model import tokenize_rows  # noqa: E402
 from dapo_jax.sampling import SamplingConfig, make_generate  # noqa: E402
 
@@ -217,7 +218,7 @@ def main(argv=None):
     model.score.kernel.set_value(jnp.zeros_like(model.score.kernel[...]))
     final_loss = train(model, tok, train_p, train_resp, y_train)
     save_classifier(model, args.out, task="sequence", dtype="bfloat16")
-    from dapo_jax.models.hf_io import load_classifier
+    from dapo_jax.models.hf_classifier_io import load_classifier
 
     shipped = load_classifier(args.out)  # what a run reads: the bfloat16-rounded weights, computed in float32
     s_held = scores(shipped, tok, held_p, held_resp)

@@ -48,7 +48,7 @@ from dapo_jax.training.sources import DataError  # noqa: E402
 def _user_errors() -> tuple[type[BaseException], ...]:
     """What the user must fix (exit code 2): bad config, data, model or checkpoint files, mesh."""
     from dapo_jax.models.config import ModelConfigError
-    from dapo_jax.models.hf_io import CheckpointError as ModelCheckpointError
+    from dapo_jax.models.safetensors_files import CheckpointError as ModelCheckpointError
     from dapo_jax.parallel.mesh import MeshError
     from dapo_jax.training.state.checkpoint_errors import CheckpointError
 

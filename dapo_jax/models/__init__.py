@@ -4,15 +4,9 @@ from dapo_jax.models.classifier import Classifier
 from dapo_jax.models.config import ModelConfig, ModelConfigError, RopeScaling
 from dapo_jax.models.decoder import Decoder, KVCache, positions_from_mask
 from dapo_jax.models.generation_config import GenerationConfig, load_generation_config, stop_token_ids
-from dapo_jax.models.hf_io import (
-    CheckpointError,
-    load_classifier,
-    load_model_and_tokenizer,
-    load_pretrained,
-    load_tokenizer,
-    save_classifier,
-    save_pretrained,
-)
+from dapo_jax.models.hf_classifier_io import load_classifier, save_classifier
+from dapo_jax.models.hf_io import load_model_and_tokenizer, load_pretrained, load_tokenizer, save_pretrained
+from dapo_jax.models.safetensors_files import CheckpointError
 from dapo_jax.models.sharding import (
     PARTITION_RULES,
     check_divisible,

@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dapo_jax.models.hf_io import CheckpointError, hf_name
+from dapo_jax.models.hf_names import hf_name
+from dapo_jax.models.safetensors_files import CheckpointError
 
 
 def check_finite_weights(model, *, source: str = "<model>") -> None:

@@ -2,7 +2,7 @@
 and `*ForTokenClassification` build it (and the two-layer head of the Qwen2.5-Math-PRM release). Knows
 nothing of RL: it maps tokens to per-position label logits.
 
-    model = load_classifier(path, mesh=mesh, dtype="float32")               # models.hf_io
+    model = load_classifier(path, mesh=mesh, dtype="float32")               # models.hf_classifier_io
     logits = model(input_ids, positions, attention_mask)                    # [B, S, L] float32
     pooled = sequence_logits(logits, input_ids, attention_mask, pad_token_id=model.config.pad_token_id)  # [B, L]
 

@@ -35,7 +35,8 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from dapo_jax.models.decoder import Decoder
-from dapo_jax.models.hf_io import _to_host, hf_name, save_safetensors
+from dapo_jax.models.hf_names import hf_name
+from dapo_jax.models.safetensors_files import save_safetensors, to_host
 from dapo_jax.models.sharding import param_shardings
 
 ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -189,7 +190,7 @@ def peft_tensors(adapters: nnx.State, dtype=None) -> dict[str, np.ndarray]:
     for path, (a, b) in _adapter_pairs(adapters).items():
         stem = "base_model.model." + hf_name(path).removesuffix(".weight")  # model.layers.N.self_attn.q_proj
         for which, x in (("lora_A", a), ("lora_B", b)):
-            host = _to_host(x).T
+            host = to_host(x).T
             out[f"{stem}.{which}.weight"] = np.ascontiguousarray(host, dtype=dtype or host.dtype)
     return out
 

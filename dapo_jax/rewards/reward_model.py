@@ -53,7 +53,8 @@ from dapo_jax.models.checks import check_finite_weights
 from dapo_jax.models.classifier import Classifier, classifier_partition_spec, sequence_logits
 from dapo_jax.models.config import ModelConfig
 from dapo_jax.models.decoder import Decoder, positions_from_mask
-from dapo_jax.models.hf_io import classifier_head_layout, load_classifier, load_tokenizer
+from dapo_jax.models.hf_classifier_io import classifier_head_layout, load_classifier
+from dapo_jax.models.hf_io import load_tokenizer
 from dapo_jax.parallel.mesh import batch_divisor, batch_sharding
 from dapo_jax.rewards.steps import split_steps
 

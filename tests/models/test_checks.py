@@ -9,7 +9,7 @@ from dapo_jax.data.char_tokenizer import build_char_tokenizer
 from dapo_jax.models.checks import check_finite_weights, check_tokenizer_fits
 from dapo_jax.models.config import ModelConfig
 from dapo_jax.models.decoder import Decoder
-from dapo_jax.models.hf_io import CheckpointError
+from dapo_jax.models.safetensors_files import CheckpointError
 
 
 def tiny(vocab=100, eos=(1,), pad=0):

@@ -1,8 +1,7 @@
 """Classifiers (a decoder trunk + a score head) against transformers' own classes (PyTorch, CPU, float32),
 on small random checkpoints that transformers writes itself: the pooled sequence score, the per-token
-logits, the Qwen2.5-Math-PRM head layout, our export, and the refusal of a model without a score head."""
-
-import json
+logits, pooling and the head's sharding rules. Reading and writing classifier folders (the PRM head layout,
+our export, the refusals) is tested in test_hf_classifier_io.py."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -12,7 +11,7 @@ import transformers
 
 from dapo_jax.models.classifier import classifier_partition_spec, last_token_index, sequence_logits
 from dapo_jax.models.decoder import positions_from_mask
-from dapo_jax.models.hf_io import CheckpointError, classifier_head_layout, load_classifier, save_classifier
+from dapo_jax.models.hf_classifier_io import classifier_head_layout, load_classifier
 
 ATOL = 1e-5
 PAD = 0
@@ -91,57 +90,6 @@ def test_token_logits_equal_transformers(family, tmp_path):
         np.testing.assert_allclose(got[real], want[real], atol=ATOL, rtol=0)
 
 
-class TinyPRM(transformers.Qwen2PreTrainedModel):
-    """The Qwen2.5-Math-PRM layout written out here (its own class is remote code): the Qwen2 trunk and
-    `score = Sequential(Linear(d, d), ReLU, Linear(d, 2))`, read at every position."""
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.model = transformers.Qwen2Model(config)
-        d = config.hidden_size
-        self.score = torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.ReLU(), torch.nn.Linear(d, 2))
-        self.post_init()
-
-    def forward(self, input_ids, attention_mask=None):
-        return self.score(self.model(input_ids, attention_mask=attention_mask).last_hidden_state)
-
-
-def test_qwen_math_prm_head_layout_without_remote_code(tmp_path):
-    ref = spread(TinyPRM(transformers.Qwen2Config(**TINY)), seed=3)
-    ref.save_pretrained(tmp_path)
-    model = load_classifier(tmp_path)
-    assert (model.head, model.num_labels) == ("mlp", 2)
-    ids, mask = batch("right", seed=4)
-    with torch.no_grad():
-        want = ref(torch.tensor(ids), torch.tensor(mask)).numpy()
-    real = mask.astype(bool)
-    np.testing.assert_allclose(ours(model, ids, mask)[real], want[real], atol=ATOL, rtol=0)
-
-
-def test_our_export_loads_in_transformers_with_the_same_scores(tmp_path):
-    hf_classifier("qwen2", "sequence", 1, seed=5).save_pretrained(tmp_path / "hf")
-    model = load_classifier(tmp_path / "hf")
-    save_classifier(model, tmp_path / "ours", task="sequence")
-    assert json.loads((tmp_path / "ours" / "config.json").read_text())["architectures"] == [
-        "Qwen2ForSequenceClassification"]
-    back = transformers.Qwen2ForSequenceClassification.from_pretrained(tmp_path / "ours").eval()
-    ids, mask = batch("left")
-    with torch.no_grad():
-        want = back(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
-    got = sequence_logits(jnp.asarray(ours(model, ids, mask)), jnp.asarray(ids), jnp.asarray(mask), pad_token_id=PAD)
-    np.testing.assert_allclose(np.asarray(got), want, atol=ATOL, rtol=0)
-
-
-def test_a_model_without_a_score_head_is_refused_in_one_line_naming_the_folder(tmp_path):
-    cfg = transformers.Qwen2Config(**TINY)
-    transformers.Qwen2ForCausalLM(cfg).save_pretrained(tmp_path)
-    with pytest.raises(CheckpointError) as e:
-        load_classifier(tmp_path)
-    message = str(e.value)
-    assert "\n" not in message and str(tmp_path) in message and "no score head" in message
-    assert "Qwen2ForCausalLM" in message
-
-
 def test_pooling_takes_the_rightmost_non_pad_token_as_transformers_does():
     ids = jnp.asarray([[5, 6, 7, 0, 0], [0, 0, 5, 6, 7], [5, 0, 7, 0, 0], [0, 0, 0, 0, 0]])
     mask = (ids != 0).astype(jnp.int32)
@@ -156,12 +104,3 @@ def test_head_parameters_have_sharding_rules():
     assert classifier_partition_spec(("score", "kernel")) == P("fsdp", None)
     assert classifier_partition_spec(("score", "out", "bias")) == P()
     assert classifier_partition_spec(("trunk", "layers", 0, "mlp", "up_proj", "kernel")) == P("fsdp", "tensor")
-
-
-def test_a_config_listing_other_labels_than_the_head_is_refused(tmp_path):
-    hf_classifier("qwen2", "sequence", 1).save_pretrained(tmp_path)
-    config = json.loads((tmp_path / "config.json").read_text())
-    config["id2label"] = {"0": "bad", "1": "good"}
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match="2 labels .* 1 outputs"):
-        load_classifier(tmp_path)

@@ -17,7 +17,7 @@ from dapo_jax.models.generation_config import (
     load_generation_config,
     stop_token_ids,
 )
-from dapo_jax.models.hf_io import CheckpointError
+from dapo_jax.models.safetensors_files import CheckpointError
 
 # Qwen2.5-0.5B-Instruct's generation_config.json, verbatim in content.
 QWEN_INSTRUCT = {"bos_token_id": 151643, "pad_token_id": 151643, "do_sample": True,

@@ -10,7 +10,7 @@ from jax.sharding import PartitionSpec as P
 
 from dapo_jax.data.char_tokenizer import build_char_tokenizer
 from dapo_jax.data.templates import render_prompt
-from dapo_jax.models.hf_io import CheckpointError
+from dapo_jax.models.safetensors_files import CheckpointError
 from dapo_jax.parallel import make_mesh
 from dapo_jax.rewards.reward_model import make_learned_reward, prompt_unwrapper
 from tests.rewards.conftest import SEPARATOR, make_rm

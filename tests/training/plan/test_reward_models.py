@@ -5,7 +5,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from dapo_jax.models.hf_io import load_classifier
+from dapo_jax.models.hf_classifier_io import load_classifier
 from dapo_jax.parallel import make_mesh
 from dapo_jax.training.config.run import config_from_dict
 from dapo_jax.training.plan.reward_models import reward_model_shapes
