@@ -20,7 +20,7 @@ Writes `results.json.gz` (every curve, the training steps' own metrics, timings,
 Welch's test of the final held-out accuracies) and `agent_calc.png` into `--out`.
 Status (2026-11-27): measured with `--warm-steps 600 --tool-demos 0.25`, 3 seeds per arm, at lr 1e-3 (the
 default) and 3e-4 (better: 0.78 held-out accuracy with the tool against 0.38 without, Welch p = 1.4e-05);
-the numbers and figures are in docs/agents.md ("The embedded calculator task"), the runs in
+the numbers and figures are in docs/agent_calc.md, the runs in
 results/agent_calc/ and results/agent_calc_lr3e-4/.
 """
 

@@ -1,5 +1,5 @@
 """scripts/agent_calc_task.py: its transcripts, its environments with and without the tool, a held-out set
-no training row repeats, and the summary docs/agents.md quotes, recomputed from results/agent_calc/."""
+no training row repeats, and the summary docs/agent_calc.md quotes, recomputed from results/agent_calc/."""
 
 from pathlib import Path
 
@@ -48,11 +48,11 @@ def test_training_rows_never_repeat_a_held_out_problem():
 
 
 @pytest.mark.parametrize("folder", ["agent_calc", "agent_calc_lr3e-4"])
-def test_the_summary_docs_agents_md_quotes_is_the_committed_runs(folder):
+def test_the_summary_docs_agent_calc_md_quotes_is_the_committed_runs(folder):
     path = REPO / "results" / folder / "results.json.gz"
     if folder != "agent_calc" and not path.exists():
         pytest.skip(f"results/{folder}: not kept")
-    assert path.exists(), f"results/{folder}/results.json.gz: the runs docs/agents.md reports"
+    assert path.exists(), f"results/{folder}/results.json.gz: the runs docs/agent_calc.md reports"
     results = act.read_results(path.parent)
     seeds = sorted(results["runs"])
     assert len(seeds) == 3
@@ -66,9 +66,9 @@ def test_the_summary_docs_agents_md_quotes_is_the_committed_runs(folder):
     summary = act.summarize(results)
     assert summary["welch_p_accuracy"] == pytest.approx(p, rel=1e-9)
     assert summary == results["summary"]
-    page = (REPO / "docs" / "agents.md").read_text()
+    page = (REPO / "docs" / "agent_calc.md").read_text()
     for arm in act.ARMS:
         for key in ("accuracy", "tool_call_rate"):
             s = summary[f"{arm}_{key}"]
-            assert f"{s['mean']:.3f} ± {s['sd']:.3f}" in page, f"docs/agents.md: {arm} {key}"
+            assert f"{s['mean']:.3f} ± {s['sd']:.3f}" in page, f"docs/agent_calc.md: {arm} {key}"
     assert f"p = {p:.2g}" in page
