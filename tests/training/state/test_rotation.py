@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from dapo_jax.training.state import rotation
 from dapo_jax.training.state.checkpoint import Checkpointer
 from dapo_jax.training.state.checkpoint_errors import CheckpointCorruptError, CheckpointRotatedError
 from tests.training.state.test_checkpoint import save_steps, state
@@ -41,8 +42,46 @@ def test_a_folder_rotation_is_still_deleting_is_rotated_not_corrupt(tmp_path, mo
     assert not folder.exists()
     monkeypatch.setattr(ckpt.manager, "restore", lambda step, args: (_ for _ in ()).throw(
         FileNotFoundError("gone")) if "state" in args else real_restore(step, args=args))
-    t0 = time.monotonic()
     with pytest.raises(CheckpointCorruptError):
         ckpt.restore(1, state(0))
-    assert time.monotonic() - t0 < 1.5  # a folder nothing deletes from is not waited on for long
     ckpt.close()
+
+
+class _Clock:
+    """time.monotonic and time.sleep of rotation.py, on a clock that moves only when it sleeps."""
+
+    def __init__(self):
+        self.now, self.sleeps = 0.0, 0
+
+    def monotonic(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+        self.sleeps += 1
+
+
+@pytest.mark.parametrize("deleted_for", [0, 5, 1000])
+def test_the_wait_lasts_while_files_disappear_and_stops_once_the_count_holds_still(tmp_path, monkeypatch, deleted_for):
+    """A folder nothing deletes from is left after `still_s` of a steady file count (10 polls), not after the
+    whole grace; one losing a file at each of its first `deleted_for` polls is waited on that much longer;
+    the grace bounds the wait however long deletion goes on."""
+    folder = tmp_path / "3"
+    folder.mkdir()
+    for i in range(2000):
+        (folder / f"f{i}").touch()
+    clock = _Clock()
+    monkeypatch.setattr(rotation, "time", clock)
+    real_count = rotation._file_count
+
+    def count_then_delete(f):
+        if clock.sleeps and clock.sleeps <= deleted_for:  # rotation deletes one file between polls
+            next(folder.iterdir()).unlink()
+        return real_count(f)
+
+    monkeypatch.setattr(rotation, "_file_count", count_then_delete)
+    rotation.wait_while_deleted(folder, limit_s=2.0, still_s=0.2)
+    # polls of 0.02 s: the count holds still 10 polls after the last deletion (11 when ten 0.02 s sum to
+    # just under 0.2 s), or the 2 s grace (100 polls, 101 likewise) ends
+    expected = min(deleted_for + 10, 100)
+    assert expected <= clock.sleeps <= expected + 1
