@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--out", type=Path, default=Path("runs/stage_compare"), help="the chains' folder")
     ap.add_argument("--arms", default=",".join(ARMS))
-    ap.add_argument("--budget", type=int, default=7680, help="generated responses of every RL stage")
+    ap.add_argument("--budget", type=int, default=12800, help="generated responses of every RL stage")
     ap.add_argument("--sft-examples", type=int, default=300, help="cold start: reference traces of the first N problems")
     ap.add_argument("--sft-steps", type=int, default=30)
     ap.add_argument("--rft-limit", type=int, default=256, help="rft: the first N train problems sampled")
