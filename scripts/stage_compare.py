@@ -20,7 +20,8 @@ and SFT examples), as scripts/league.py does; `data.seed` stays 0, since it also
 (the held-out ones included). A rerun of the same command skips finished chains and resumes the others.
 The report: held-out avg@4 at the end of each stage, mean ± sd over seeds with each seed's value, and
 A: cold start + DAPO vs DAPO (Welch), B: distillation vs DAPO (Welch), C: DAPO -> RFT vs DAPO (paired t),
-with bootstrap intervals and Holm's correction over the three (scripts/significance.py).
+D: cold start + DAPO vs the cold start alone (paired t), with bootstrap intervals and Holm's correction over
+the four (scripts/significance.py).
 """
 
 from __future__ import annotations
@@ -212,7 +213,8 @@ ROWS = (("base (cot_base, step 0)", "dapo", "dapo", "first"),
 # (name, arm a, stage a, arm b, stage b, paired): Δ = a's final avg@4 - b's
 TESTS = (("A: cold-start SFT + DAPO vs DAPO alone", "cold_start", "dapo", "dapo", "dapo", False),
          ("B: distillation vs DAPO alone", "distill", "distill", "dapo", "dapo", False),
-         ("C: DAPO + RFT vs DAPO (end of its DAPO stage)", "dapo", "rft", "dapo", "dapo", True))
+         ("C: DAPO + RFT vs DAPO (end of its DAPO stage)", "dapo", "rft", "dapo", "dapo", True),
+         ("D: cold-start SFT + DAPO vs its SFT stage alone", "cold_start", "dapo", "cold_start", "cold_start", True))
 
 
 def collect(out: Path, seeds) -> dict[tuple[str, int], dict]:

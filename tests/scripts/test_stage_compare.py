@@ -125,17 +125,22 @@ def test_the_report_is_the_reference_statistics(chains):
     a = [COLD_END[s] for s in (0, 1, 2)], [DAPO_END[s] for s in (0, 1, 2)]
     b = [DISTILL_END[s] for s in (0, 1)], a[1]
     d = np.array([RFT_END[s] - DAPO_END[s] for s in (0, 1, 2)])
-    p_c = 2 * stats.t.sf(abs(d.mean() / (d.std(ddof=1) / math.sqrt(3))), 2)  # the paired t by hand
-    ps = [welch_p(*a), welch_p(*b), p_c]
+    e = np.array([COLD_END[s] - 0.35 for s in (0, 1, 2)])  # against the chain's own SFT stage
+
+    def paired_p(x):  # the paired t by hand
+        return 2 * stats.t.sf(abs(x.mean() / (x.std(ddof=1) / math.sqrt(len(x)))), len(x) - 1)
+
+    ps = [welch_p(*a), welch_p(*b), paired_p(d), paired_p(e)]
     order = np.argsort(ps)  # Holm by hand: (m - rank) p, running max, capped at 1
-    adjusted, running = [0.0] * 3, 0.0
+    adjusted, running = [0.0] * 4, 0.0
     for rank, i in enumerate(order):
-        running = max(running, min(1.0, (3 - rank) * ps[i]))
+        running = max(running, min(1.0, (4 - rank) * ps[i]))
         adjusted[i] = running
-    tests = [line for line in text.splitlines() if line.startswith(("| A:", "| B:", "| C:"))]
+    tests = [line for line in text.splitlines() if line.startswith(("| A:", "| B:", "| C:", "| D:"))]
+    assert len(tests) == 4
     for line, delta, p, p_adj, kind, n in zip(
-            tests, (np.mean(a[0]) - np.mean(a[1]), np.mean(b[0]) - np.mean(b[1]), d.mean()), ps, adjusted,
-            ("Welch", "Welch", "paired t"), ("3 vs 3", "2 vs 3", "3 vs 3")):
+            tests, (np.mean(a[0]) - np.mean(a[1]), np.mean(b[0]) - np.mean(b[1]), d.mean(), e.mean()), ps, adjusted,
+            ("Welch", "Welch", "paired t", "paired t"), ("3 vs 3", "2 vs 3", "3 vs 3", "3 vs 3")):
         cells = line.split(" | ")
         assert cells[1] == kind and cells[2] == n
         assert cells[3].startswith(f"{delta:+.3f} [")
@@ -150,7 +155,7 @@ def test_a_missing_arm_is_too_few_runs(tmp_path):
     write_chain(out / "dapo" / "seed0", [("dapo", 0.2, 0.3, 2), ("rft", 0.3, 0.31, 1)])
     text = sc.report(out, (0, 1))
     assert "| DAPO alone | 0.300 | 0.600 | 0.300 | – | 256 |" in text
-    assert text.count("too few finished runs") == 3
+    assert text.count("too few finished runs") == 4
 
 
 def test_a_chain_is_finished_when_every_stage_is_exported(tmp_path):
