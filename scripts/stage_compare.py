@@ -36,11 +36,9 @@ import os
 import queue
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiment.py and significance.py beside this script
