@@ -5,7 +5,8 @@ so the pages built from them can be rebuilt and checked without the run folders 
     python scripts/league.py --report-only --runs-dir results/league   # the page again, from the archive
 
 What is kept of each run folder: `metrics.jsonl` as `metrics.jsonl.gz`, `config.yaml`, and the experiment
-scripts' `experiment.json` (finished, steps, wall time). A run without metrics is left out and named.
+scripts' `experiment.json` (finished, steps, wall time); of a chain of stages (`dapo-jax stages`), its
+`stages.yaml` and each stage's `i-NAME/config.yaml`. A run without metrics is left out and named.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import shutil
 import sys
 from pathlib import Path
 
-KEPT = ("config.yaml", "experiment.json")
+KEPT = ("config.yaml", "experiment.json", "stages.yaml")
 
 
 def archive(runs: Path, out: Path) -> tuple[list[Path], list[Path]]:
@@ -34,6 +35,9 @@ def archive(runs: Path, out: Path) -> tuple[list[Path], list[Path]]:
         for name in KEPT:
             if (run / name).exists():
                 shutil.copyfile(run / name, dest / name)
+        for stage_config in sorted(run.glob("[0-9]*-*/config.yaml")):  # a chain's stages, each a run
+            (dest / stage_config.parent.name).mkdir(exist_ok=True)
+            shutil.copyfile(stage_config, dest / stage_config.parent.name / "config.yaml")
         archived.append(dest)
     return archived, skipped
 
@@ -49,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     archived, skipped = archive(args.runs, args.out)
     for run in skipped:
         print(f"archive_runs: {run}: no metrics.jsonl, left out", file=sys.stderr)
-    size = sum(f.stat().st_size for d in archived for f in d.iterdir())
+    size = sum(f.stat().st_size for d in archived for f in d.rglob("*") if f.is_file())
     print(f"archive_runs: {len(archived)} runs into {args.out} ({size / 1024:.0f} KiB)")
     return 0 if archived else 2
 

@@ -82,7 +82,9 @@ def supervised_stream(cfg: RunConfig, tokenizer) -> SupervisedStream:
                       f"left out", RuntimeWarning, stacklevel=2)
     file = source_path(src)
     identity = {"key": "data.train", "name": src.name, "path": str(file) if file is not None else None}
-    return SupervisedStream(examples, tokenizer, max_prompt_length=cfg.data.max_prompt_length, seed=cfg.data.seed,
+    # the order of the examples: data.order_seed where set (an experiment's seeds vary it alone), as RL's prompts
+    order = cfg.data.seed if cfg.data.order_seed is None else cfg.data.order_seed
+    return SupervisedStream(examples, tokenizer, max_prompt_length=cfg.data.max_prompt_length, seed=order,
                             skipped=skipped, source=identity)
 
 

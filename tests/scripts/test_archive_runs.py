@@ -55,3 +55,20 @@ def test_an_archive_reads_back_to_the_same_summaries_and_table(tmp_path):
 def test_nothing_to_archive_is_exit_2(tmp_path, capsys):
     assert archive_runs.main([str(tmp_path / "absent"), str(tmp_path / "out")]) == 2
     assert "no such folder" in capsys.readouterr().err
+
+
+def test_a_chain_of_stages_keeps_its_stages_file_and_every_stage_config(tmp_path):
+    run = tmp_path / "runs" / "dapo" / "seed0"
+    _run(run, 0.3)
+    (run / "stages.yaml").write_text("run_dir: x\nstages: []\n")
+    for stage in ("0-dapo", "1-rft"):
+        (run / stage / "model").mkdir(parents=True)
+        (run / stage / "config.yaml").write_text(f"# {stage}\n")
+        (run / stage / "model" / "model.safetensors").write_bytes(b"w" * 1024)  # weights: not kept
+        (run / stage / "kept.jsonl").write_text("{}\n")  # not kept
+    assert archive_runs.main([str(tmp_path / "runs"), str(tmp_path / "out")]) == 0
+    dest = tmp_path / "out" / "dapo" / "seed0"
+    kept = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
+    assert kept == ["0-dapo/config.yaml", "1-rft/config.yaml", "config.yaml", "experiment.json", "metrics.jsonl.gz",
+                    "stages.yaml"]
+    assert (dest / "1-rft" / "config.yaml").read_text() == "# 1-rft\n"

@@ -7,6 +7,7 @@ from tests.conftest import load_script
 
 league = load_script("league")
 experiment = __import__("sys").modules["experiment"]
+stage_compare = load_script("stage_compare")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -40,3 +41,14 @@ def test_the_recent_objectives_table_is_the_one_the_kept_runs_give():
         assert passk in page, (key, passk)
         if key in quoted:
             assert acc == quoted[key] and acc in page.split("## Findings")[1], (key, acc)
+
+
+def test_the_stage_comparison_in_docs_stages_md_is_the_one_the_kept_chains_give():
+    """docs/stages.md's tables of cold start, distillation and rejection sampling against DAPO alone are what
+    scripts/stage_compare.py reports from the chains kept in results/stage_compare, line for line."""
+    folder = REPO / "results" / "stage_compare"
+    assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == ["cold_start", "dapo", "distill"]
+    page = (REPO / "docs" / "stages.md").read_text()
+    table = stage_compare.report(folder, (0, 1, 2))
+    for line in table.splitlines():
+        assert line in page, line

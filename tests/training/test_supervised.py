@@ -23,7 +23,8 @@ from dapo_jax.training.config.run import load_config
 from dapo_jax.training.loop import load_trained_model, train
 from dapo_jax.training.metrics import read_metrics
 from dapo_jax.training.update.packed_step import PackedUpdate
-from dapo_jax.training.supervised import supervised_groups
+from dapo_jax.training.build import load_tokenizer
+from dapo_jax.training.supervised import supervised_groups, supervised_stream
 from dapo_jax.training.update.train_step import Batch, init_train_state, make_train_step
 
 V, S, T = 32, 6, 7
@@ -233,3 +234,19 @@ def test_cli_sft_runs_cot_sft_by_default(monkeypatch, tmp_path):
     monkeypatch.setattr(loop, "train", lambda cfg: seen.append(cfg) or {"step": 0})
     assert main(["sft", f"train.run_dir={tmp_path}"]) == 0
     assert seen[0].objective_config.supervised and seen[0].data.train.name == "cot"
+
+
+def test_order_seed_orders_the_examples_and_leaves_the_problems_alone():
+    """`data.order_seed` (the experiments' per-seed knob) permutes the SFT examples as it permutes RL's prompts:
+    epoch 0 visits them in `default_rng([order_seed, 0]).permutation(n)`; the problems are data.seed's."""
+    def first_epoch(*overrides):
+        cfg = load_config(find_config("cot_sft"), ["data.train.limit=12", *overrides])
+        stream = supervised_stream(cfg, load_tokenizer(cfg))
+        return [e.text for e in stream.examples], [e.text for e in stream.next_examples(12)]
+
+    examples, default = first_epoch()
+    same, seeded = first_epoch("data.order_seed=3")
+    assert same == examples and len(examples) == 12  # the same 12 problems
+    assert default == [examples[i] for i in np.random.default_rng([0, 0]).permutation(12)]  # data.seed's order
+    assert seeded == [examples[i] for i in np.random.default_rng([3, 0]).permutation(12)]
+    assert seeded != default
