@@ -164,7 +164,9 @@ def repair_torn_line(path: Path) -> Path | None:
 def read_metrics(run_dir_or_file: str | Path) -> list[dict]:
     """The rows of metrics.jsonl in step order, the last line of each step winning (resumes redo steps).
 
-    Rows with the same step but different kinds (train / eval) are merged, later keys winning.
+    Rows with the same step but different kinds (train / eval) are merged, later keys winning. A chain of
+    stages' combined file (training/stages.py) counts `step` over the chain, so a stage's last step and the
+    next stage's step-0 evaluation share a step: rows are kept apart by `stage_index` there.
     A torn last line (the process was killed mid-write) is ignored. A folder whose metrics were archived
     as `metrics.jsonl.gz` (scripts/archive_runs.py) is read from that.
     """
@@ -174,12 +176,12 @@ def read_metrics(run_dir_or_file: str | Path) -> list[dict]:
         if not path.exists() and path.with_suffix(".jsonl.gz").exists():
             path = path.with_suffix(".jsonl.gz")
     text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
-    by_step: dict[int, dict] = {}
+    by_step: dict[tuple[int, int], dict] = {}
     for line in text.splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
             continue
         if "step" in row:
-            by_step.setdefault(int(row["step"]), {}).update(row)
+            by_step.setdefault((int(row.get("stage_index", 0)), int(row["step"])), {}).update(row)
     return [by_step[s] for s in sorted(by_step)]

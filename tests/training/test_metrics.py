@@ -30,6 +30,21 @@ def test_read_metrics_merges_and_keeps_last_of_a_redone_step(tmp_path):
     assert rows[2] == {"step": 2, "reward_mean": 0.25, "eval/accuracy": 0.3}
 
 
+def test_a_chains_stage_boundary_keeps_each_stages_row(tmp_path):
+    # training/stages.py counts `step` over the chain: stage 0 ends at step 2, stage 1's step-0 evaluation
+    # is step 2 as well. Merged by step alone, stage 0's last training row was labelled stage 1.
+    a = {"stage": "sft", "stage_index": 0}
+    b = {"stage": "dapo", "stage_index": 1}
+    lines = [{"step": 0, "stage_step": 0, "eval/accuracy": 0.1, **a}, {"step": 2, "stage_step": 2, "loss": 0.5, **a},
+             {"step": 2, "stage_step": 2, "eval/accuracy": 0.4, **a}, {"step": 2, "stage_step": 0, "eval/accuracy": 0.4, **b},
+             {"step": 3, "stage_step": 1, "reward_mean": 0.6, **b}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    rows = read_metrics(tmp_path)
+    assert [(r["stage"], r["step"], r["stage_step"]) for r in rows] == [
+        ("sft", 0, 0), ("sft", 2, 2), ("dapo", 2, 0), ("dapo", 3, 1)]
+    assert rows[1] == {"step": 2, "stage_step": 2, "loss": 0.5, "eval/accuracy": 0.4, **a}
+
+
 def test_compile_count_counts_new_compilations_only():
     f = jax.jit(lambda x: jnp.sin(x) * 3.0 + 1.0)
     x7, y7, x8 = np.ones(7, np.float32), np.full(7, 2.0, np.float32), np.ones(8, np.float32)
