@@ -158,13 +158,9 @@ def test_gpu_flash_decoder_on_a_gpu_equals_the_reference(name):
     assert all(err <= 1e-4 * ref for err, ref in errors.values()), errors
 
 
-@pytest.mark.parametrize("impl", ["splash", "gpu_flash"])
-def test_each_kernel_runs_through_the_trainers_programs_in_sequence(impl):
-    """The Pallas kernels (interpret mode) through the real programs, each traced on its own in the trainer's
-    order: the log-prob pass under `jit`, then the packed update (its chunk loss traced by `eval_shape`,
-    then under `jit`), then the unpacked update, then the sampler. Each equals the reference
-    implementation's result. A kernel cached with one trace's values (splash's before issue 47) makes
-    the second program raise `UnexpectedTracerError`; calling the kernels outside `jit` never shows it."""
+def _trainers_programs(name: str, interpret: bool):
+    """(log-probs, [(state, metrics) of the packed and unpacked updates], sampler output) of the trainer's
+    programs, each traced on its own in the trainer's order, with `model.attention: name`."""
     from dapo_jax.models.logprobs import response_logprobs
     from dapo_jax.sampling.buckets import pad_to_bucket
     from dapo_jax.sampling.config import SamplingConfig
@@ -177,22 +173,36 @@ def test_each_kernel_runs_through_the_trainers_programs_in_sequence(impl):
     ids, mask = pad_to_bucket([[5, 9, 2], [7, 1, 1, 4, 8, 3, 6]], (8,), pad_id=0)
     config = SamplingConfig(max_new_tokens=4, temperature=1.0, eos_token_ids=(3,), pad_token_id=0)
     tx, schedule = optax.sgd(0.1), optax.constant_schedule(0.1)
-    results = {}
-    for name in ("reference", impl):
-        with pallas_interpret() if name == impl else contextlib.nullcontext():
-            model = Decoder(packed_cases.tiny_model().config.replace(attention=name), rngs=nnx.Rngs(0))
-            graphdef, params = nnx.split(model)
-            logp = jax.jit(lambda p: response_logprobs(nnx.merge(graphdef, p), *prompts, flat(batch.response_ids),
-                                                       flat(batch.response_mask)))(params)
-            packed = PackedUpdate(graphdef, tx, schedule, objective=objective, num_minibatches=2,
-                                  chunk_rows=packed_cases.G, share_prompts=False)
-            unpacked = make_train_step(graphdef, tx, schedule, objective=objective, num_minibatches=2)
-            fresh = lambda: init_train_state(jax.tree.map(jnp.copy, params), tx)  # noqa: E731 (the step donates it)
-            steps = [step(fresh(), batch) for step in (packed, unpacked)]
-            sampled = generate(model, jnp.asarray(ids), jnp.asarray(mask), jax.random.key(3), num_samples=2,
-                               config=config)
-        results[name] = logp, steps, sampled
-    (want_logp, want_steps, want_out), (got_logp, got_steps, got_out) = results["reference"], results[impl]
+    with pallas_interpret() if interpret else contextlib.nullcontext():
+        model = Decoder(packed_cases.tiny_model().config.replace(attention=name), rngs=nnx.Rngs(0))
+        graphdef, params = nnx.split(model)
+        logp = jax.jit(lambda p: response_logprobs(nnx.merge(graphdef, p), *prompts, flat(batch.response_ids),
+                                                   flat(batch.response_mask)))(params)
+        packed = PackedUpdate(graphdef, tx, schedule, objective=objective, num_minibatches=2,
+                              chunk_rows=packed_cases.G, share_prompts=False)
+        unpacked = make_train_step(graphdef, tx, schedule, objective=objective, num_minibatches=2)
+        fresh = lambda: init_train_state(jax.tree.map(jnp.copy, params), tx)  # noqa: E731 (the step donates it)
+        steps = [step(fresh(), batch) for step in (packed, unpacked)]
+        sampled = generate(model, jnp.asarray(ids), jnp.asarray(mask), jax.random.key(3), num_samples=2,
+                           config=config)
+    return logp, steps, sampled
+
+
+@pytest.fixture(scope="module")
+def reference_programs():
+    """`_trainers_programs` of the reference implementation: what both kernels are compared to, run once."""
+    return _trainers_programs("reference", interpret=False)
+
+
+@pytest.mark.parametrize("impl", ["splash", "gpu_flash"])
+def test_each_kernel_runs_through_the_trainers_programs_in_sequence(impl, reference_programs):
+    """The Pallas kernels (interpret mode) through the real programs, each traced on its own in the trainer's
+    order: the log-prob pass under `jit`, then the packed update (its chunk loss traced by `eval_shape`,
+    then under `jit`), then the unpacked update, then the sampler. Each equals the reference
+    implementation's result. A kernel cached with one trace's values (splash's before issue 47) makes
+    the second program raise `UnexpectedTracerError`; calling the kernels outside `jit` never shows it."""
+    want_logp, want_steps, want_out = reference_programs
+    got_logp, got_steps, got_out = _trainers_programs(impl, interpret=True)
     for a, b in zip(got_logp, want_logp):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
     for (state, met), (want_state, want_met) in zip(got_steps, want_steps):

@@ -414,12 +414,14 @@ def stop_mid_run(sig, tiny_model_dir, run_dir, overrides_for):
     return proc.returncode, err, saved, env
 
 
-def assert_resumes(tiny_model_dir, run_dir, overrides_for, saved, env):
+def assert_resumes(tiny_model_dir, run_dir, overrides_for, saved, capsys):
+    """The user reruns the command: it resumes from the signalled process's checkpoint. In-process, as the
+    other resume tests here run (what is checked is the checkpoint and run dir the killed process left, not
+    a second process start: that saves a process's imports and tracing, ~20 s a test on a loaded CI)."""
     again = overrides_for(tiny_model_dir, run_dir, **{"train.steps": saved + 1, "train.checkpoint_every": 0})
-    done = subprocess.run([sys.executable, "-m", "dapo_jax.cli", "train", "tiny_dapo", *again], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert f"resumed from step {saved}" in done.stdout
+    rc, err, out = train_rc(again, capsys)
+    assert rc == 0, err
+    assert f"resumed from step {saved}" in out
 
 
 def stop_before_the_first_step(sig, tiny_model_dir, run_dir, overrides_for):
@@ -439,23 +441,23 @@ def assert_nothing_trained(run_dir):
     assert not any(p.name.isdigit() for p in (run_dir / "checkpoints").glob("*"))
 
 
-def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes(tiny_model_dir, tmp_path, overrides_for):
+def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes(tiny_model_dir, tmp_path, overrides_for, capsys):
     run_dir = tmp_path / "run"
-    code, err, saved, env = stop_mid_run(signal.SIGTERM, tiny_model_dir, run_dir, overrides_for)
+    code, err, saved, _ = stop_mid_run(signal.SIGTERM, tiny_model_dir, run_dir, overrides_for)
     assert code == 143, err[-2000:]
     assert "SIGTERM at step" in err
     assert saved >= 3
     rows = read_metrics(run_dir)
     assert max(r["step"] for r in rows) == saved  # the checkpoint is of the last logged step
-    assert_resumes(tiny_model_dir, run_dir, overrides_for, saved, env)
+    assert_resumes(tiny_model_dir, run_dir, overrides_for, saved, capsys)
 
 
 def test_ctrl_c_saves_like_sigterm_exits_130_in_one_line_and_the_next_run_resumes(tiny_model_dir, tmp_path,
-                                                                                   overrides_for):
+                                                                                   overrides_for, capsys):
     """A real SIGINT (what Ctrl-C sends) to `dapo-jax train`: the step finishes, a checkpoint is saved, one
     line and exit 130, no KeyboardInterrupt traceback; rerunning resumes."""
     run_dir = tmp_path / "run"
-    code, err, saved, env = stop_mid_run(signal.SIGINT, tiny_model_dir, run_dir, overrides_for)
+    code, err, saved, _ = stop_mid_run(signal.SIGINT, tiny_model_dir, run_dir, overrides_for)
     assert code == 130, err[-2000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
     said = [line for line in err.splitlines() if line.startswith("dapo-jax:")]
@@ -463,7 +465,7 @@ def test_ctrl_c_saves_like_sigterm_exits_130_in_one_line_and_the_next_run_resume
     assert said[0].startswith(f"dapo-jax: Interrupted: Ctrl-C (SIGINT) at step {saved}: checkpoint saved in ")
     assert said[0].endswith("checkpoints; rerun the same command to resume")
     assert max(r["step"] for r in read_metrics(run_dir)) == saved  # the checkpoint is of the last logged step
-    assert_resumes(tiny_model_dir, run_dir, overrides_for, saved, env)
+    assert_resumes(tiny_model_dir, run_dir, overrides_for, saved, capsys)
 
 
 def test_sigterm_before_the_first_step_exits_at_once_with_nothing_to_save(tiny_model_dir, tmp_path, overrides_for):
@@ -534,7 +536,7 @@ def test_sighup_saves_like_sigterm_in_one_line(tiny_model_dir, tmp_path, overrid
     assert max(r["step"] for r in read_metrics(run_dir)) == saved
 
 
-def test_closing_the_runs_terminal_saves_and_the_next_run_resumes(tiny_model_dir, tmp_path, overrides_for):
+def test_closing_the_runs_terminal_saves_and_the_next_run_resumes(tiny_model_dir, tmp_path, overrides_for, capsys):
     """The run's terminal is a pseudo-terminal it controls; closing it (the terminal window, an ssh session)
     makes the kernel send SIGHUP, and every later write to it fails: the run saves the step and exits 143."""
     import pty
@@ -560,7 +562,7 @@ def test_closing_the_runs_terminal_saves_and_the_next_run_resumes(tiny_model_dir
     saved = max(ckpt.all_steps(), default=None)
     ckpt.close()
     assert saved is not None and saved >= 3 and max(r["step"] for r in read_metrics(run_dir)) == saved
-    assert_resumes(tiny_model_dir, run_dir, overrides_for, saved, env)
+    assert_resumes(tiny_model_dir, run_dir, overrides_for, saved, capsys)
 
 
 def _drain(fd):

@@ -22,8 +22,8 @@ COT_RM = Path(dapo_jax.__file__).parent / "assets" / "cot_rm"
 def test_cot_grpo_rm_trains_three_steps_on_the_shipped_reward_model(tmp_path):
     cfg = load_config(CONFIG_DIR / "cot_grpo_rm.yaml", [
         f"train.run_dir={tmp_path / 'run'}", "train.steps=3", "train.eval_every=0", "train.eval_k=2",
-        "train.checkpoint_every=0", "train.progress=false", "train.tensorboard=false", "data.eval_size=16",
-        "rollout.gen_batch=8", "rollout.train_batch=8"])
+        "train.checkpoint_every=0", "train.progress=false", "train.tensorboard=false", "data.eval_size=8",
+        "rollout.gen_batch=8", "rollout.train_batch=8", "rollout.G=4"])  # 32 responses a step: spread enough
     assert [f.name for f in cfg.reward.functions] == ["cot", "reward_model"]
     train(cfg)
     rows = read_metrics(tmp_path / "run")
