@@ -42,13 +42,17 @@ def test_overrides_the_config_refuses_are_config_errors():
 
 
 @pytest.mark.slow
-def test_on_a_chip_faked_small_the_plan_names_the_first_change_that_fits(tmp_path, capsys):
+def test_on_a_chip_faked_small_the_plan_names_the_first_change_that_fits(tmp_path, capsys, monkeypatch):
     from dapo_jax import cli
 
+    # A plan cache of this test's own (not the user's): a candidate's programs that the change leaves as they
+    # were (the rollouts, perhaps prepare) come from it, and the second command below compiles nothing. Its
+    # keys are the programs' text, so each candidate's changed update is still compiled and measured.
+    monkeypatch.setenv("DAPO_JAX_PLAN_CACHE", str(tmp_path / "cache"))
     # tiny_dapo, padded update: 14.6 MB at its peak (the update), 8.4 MB with 2 micro-batches, 5.1 MB with 4
     capacity_gib = 6 / 1024
     out = tmp_path / "plan.json"
-    code = cli.main(["plan", TINY, "optim.packing=false", "--device-memory", str(capacity_gib), "--no-cache",
+    code = cli.main(["plan", TINY, "optim.packing=false", "--device-memory", str(capacity_gib),
                      "--quiet", "--json", str(out)])
     text = capsys.readouterr().out
     assert code == 3 and "VERDICT: does not fit" in text
@@ -61,5 +65,23 @@ def test_on_a_chip_faked_small_the_plan_names_the_first_change_that_fits(tmp_pat
     assert data["fit"]["suggestion"] == {"optim.micro_batches": 4}
     assert "TO FIT: optim.micro_batches=4" in text.splitlines()[-2]  # then "wrote plan.json"
     assert cli.main(["plan", TINY, "optim.packing=false", "--device-memory", str(capacity_gib), "--quiet",
-                     "--no-fit", "--no-cache"]) == 3
+                     "--no-fit"]) == 3
     assert "TO FIT" not in capsys.readouterr().out
+
+
+def test_no_cache_reaches_the_plan(monkeypatch):
+    """`--no-cache` is what makes the command's plan compile everything again (the test above uses a cache)."""
+    from dapo_jax import cli
+    from dapo_jax.training.plan import memory as plan_mod
+
+    class Planned(Exception):
+        pass
+
+    def fake_make_plan(cfg, *, cache, **kw):
+        raise Planned(cache)
+
+    monkeypatch.setattr(plan_mod, "make_plan", fake_make_plan)
+    for argv, cache in ((["--no-cache"], False), ([], True)):
+        with pytest.raises(Planned) as planned:
+            cli.main(["plan", TINY, *argv])
+        assert planned.value.args == (cache,), argv
