@@ -7,6 +7,7 @@ devices) and divides once, which gives exactly the whole-batch loss and gradient
     token_mean           (Σ ℓ·m,                 Σ m)
     seq_mean_token_mean  (Σ_i Σ_t ℓ·m / L_i,     #responses with L_i > 0)
     seq_mean_token_sum   (Σ_i Σ_t ℓ·m,           #responses with L_i > 0)
+    group_mean_token_mean (Σ_p Σ_{i∈p} Σ_t ℓ·m / Σ_{i∈p} L_i,  #groups with Σ L_i > 0)   (DAPO's Eq. 8)
     constant_norm        (Σ ℓ·m,                 #responses with L_i > 0 · T_max)   (Dr. GRPO)
 
 A response whose mask is all zero (padding, overlong-filtered, dropped) is left out of the loss and
@@ -49,6 +50,19 @@ def seq_mean_token_sum(loss, mask, *, max_response_length=None):
     del max_response_length
     lm, m = _prep(loss, mask)
     return jnp.sum(lm), _n_responses(m)
+
+
+def group_mean_token_mean(loss, mask, *, max_response_length=None):
+    """`(Σ_p Σ_{i,t} ℓ·m / Σ_{i,t} m, #non-empty groups)`: the token-level loss as DAPO's Eq. 8 writes it,
+    normalised by the tokens of each prompt's group of `G` responses, then averaged over prompts.
+
+    Needs the `[P, G, T]` layout: a group is the second axis. Micro-batches and packed chunks hold whole
+    groups (they split the prompt axis), so their pairs still add up to the whole batch's."""
+    del max_response_length
+    lm, m = _prep(loss, mask)
+    group_tokens = jnp.sum(m, axis=(-2, -1))
+    per_group = jnp.sum(lm, axis=(-2, -1)) / jnp.maximum(group_tokens, 1.0)
+    return jnp.sum(per_group), jnp.sum((group_tokens > 0).astype(jnp.float32))
 
 
 def constant_norm(loss, mask, *, max_response_length=None):

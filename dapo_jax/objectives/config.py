@@ -19,7 +19,8 @@ AdvantageName = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp
                         "gdpo_pair", "grpo_process"]
 PolicyLossName = Literal["clipped_surrogate", "gspo", "gspo_token", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov",
                          "dppo_tv", "dppo_kl"]
-AggregationName = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "constant_norm"]
+AggregationName = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "group_mean_token_mean",
+                          "constant_norm"]
 KLEstimatorName = Literal["k1", "k2", "k3"]
 OffPolicyName = Literal["token_tis", "seq_tis", "token_mask", "seq_mask", "geo_seq_mask", "icepop", "k3_seq_mask"]
 # corrections that drop tokens or responses from the mask (and the denominator), and those that weight ℓ

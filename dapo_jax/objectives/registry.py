@@ -61,6 +61,7 @@ AGGREGATIONS = {
     "token_mean": aggregation.token_mean,
     "seq_mean_token_mean": aggregation.seq_mean_token_mean,
     "seq_mean_token_sum": aggregation.seq_mean_token_sum,
+    "group_mean_token_mean": aggregation.group_mean_token_mean,
     "constant_norm": aggregation.constant_norm,
 }
 OFF_POLICY_CORRECTIONS = {

@@ -7,7 +7,7 @@ import pytest
 
 from dapo_jax.objectives import aggregation as agg
 
-MODES = ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "constant_norm"]
+MODES = ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "group_mean_token_mean", "constant_norm"]
 T_MAX = 7
 
 
@@ -23,7 +23,13 @@ def batch(seed, P=4, G=3, T=T_MAX):
 def np_loss(mode, loss, mask):
     P, G, T = loss.shape
     tok_sum, tok_n, seq_means, seq_sums, n_resp = 0.0, 0.0, 0.0, 0.0, 0
+    group_means, n_groups = 0.0, 0
     for p in range(P):
+        g_sum = sum(float(loss[p, g, t]) for g in range(G) for t in range(T) if mask[p, g, t] > 0)
+        g_n = float(mask[p].sum())
+        if g_n > 0:
+            group_means += g_sum / g_n
+            n_groups += 1
         for g in range(G):
             L = mask[p, g].sum()
             s = sum(float(loss[p, g, t]) for t in range(T) if mask[p, g, t] > 0)
@@ -37,6 +43,7 @@ def np_loss(mode, loss, mask):
         "token_mean": tok_sum / tok_n,
         "seq_mean_token_mean": seq_means / n_resp,
         "seq_mean_token_sum": seq_sums / n_resp,
+        "group_mean_token_mean": group_means / n_groups,
         "constant_norm": tok_sum / (n_resp * T_MAX),
     }[mode]
 
@@ -56,6 +63,17 @@ def test_hand_case():
     assert [float(x) for x in agg.seq_mean_token_mean(loss, mask)] == [4.0, 2.0]   # (2 + 2) over 2
     assert [float(x) for x in agg.seq_mean_token_sum(loss, mask)] == [6.0, 2.0]
     assert [float(x) for x in agg.constant_norm(loss, mask, max_response_length=3)] == [6.0, 6.0]
+    assert [float(x) for x in agg.group_mean_token_mean(loss, mask)] == [2.0, 1.0]  # one group: 6 over 3 tokens
+
+
+def test_group_mean_weighs_each_prompt_alike_where_token_mean_weighs_tokens():
+    # prompt 0: two responses of 1 token, loss 1 each; prompt 1: one response of 4 tokens, loss 4 each
+    loss = jnp.array([[[1.0, 0, 0, 0], [1.0, 0, 0, 0]], [[4.0, 4, 4, 4], [9.0, 9, 9, 9]]])
+    mask = jnp.array([[[1.0, 0, 0, 0], [1.0, 0, 0, 0]], [[1.0, 1, 1, 1], [0.0, 0, 0, 0]]])
+    s, d = agg.group_mean_token_mean(loss, mask)
+    assert (float(s), float(d)) == (5.0, 2.0)  # (1 + 4) over 2 prompts: 2.5
+    s, d = agg.token_mean(loss, mask)
+    assert (float(s), float(d)) == (18.0, 6.0)  # 3.0: the long group weighs 4 tokens to 2
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -78,6 +78,9 @@ def np_objective(cfg, logp, old_logp, advantages, mask, ref_logp=None, entropy=N
         return ((ell * m).sum(-1)[lengths > 0] / lengths[lengths > 0]).sum() / n_resp
     if cfg.loss_agg == "seq_mean_token_sum":
         return tok / n_resp
+    if cfg.loss_agg == "group_mean_token_mean":
+        group_tokens = m.sum((-2, -1))
+        return ((ell * m).sum((-2, -1))[group_tokens > 0] / group_tokens[group_tokens > 0]).sum() / (group_tokens > 0).sum()
     return tok / (n_resp * cfg.max_response_length)
 
 
@@ -86,6 +89,7 @@ CONFIGS = [load_objective(n, max_response_length=T, overlong_buffer=None) for n 
     ObjectiveConfig(dual_clip_c=3.0, loss_agg="seq_mean_token_sum", entropy_coef=0.01),
     ObjectiveConfig(kl_beta=0.1, kl_estimator="k2", kl_clamp=None, high_entropy_quantile=0.5),
     ObjectiveConfig(kl_beta=0.1, kl_estimator="k1", eps_low=0.1, eps_high=0.1),
+    ObjectiveConfig(loss_agg="group_mean_token_mean", kl_beta=0.05, eps_high=0.28),
 ]
 
 
@@ -136,7 +140,8 @@ def test_beta_zero_needs_no_reference_and_beta_positive_requires_it():
         objective_terms(cfg, **{**kw, "advantages": b["advantages"][:2]})
 
 
-@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "constant_norm"])
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "group_mean_token_mean",
+                                 "constant_norm"])
 def test_micro_batch_invariance_loss_gradient_and_metrics(agg):
     cfg = ObjectiveConfig(loss_agg=agg, max_response_length=T, kl_beta=0.02, dual_clip_c=3.0)
     b = batch(3, P=6, G=4)

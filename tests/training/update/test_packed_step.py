@@ -68,6 +68,7 @@ CASES = [  # (recipe, overrides, num_minibatches, micro_batches, chunk rows: Non
     ("dapo", {}, 2, 1, G),
     ("grpo", {}, 1, 2, None),  # KL (k3) in the loss, seq-mean-token-mean
     ("dr_grpo", {"max_response_length": T}, 1, 1, G),  # constant normaliser
+    ("dapo", {"loss_agg": "group_mean_token_mean"}, 1, 2, G),  # DAPO's per-group normaliser, small chunks
     ("gspo", {}, 1, 2, G),  # sequence-level ratio, seq-mean-token-mean
     ("cispo", {"nll_coef": 0.1}, 2, 1, 2 * G),  # with VAPO's NLL term on nll_weight; one chunk per mini-batch
     # batch-level entropy statistics (high-entropy quantile, EDGE-GRPO's normaliser), an entropy bonus,
