@@ -4,4 +4,5 @@ import sys
 
 from dapo_jax.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # importing the module (pkgutil.walk_packages, docs tools) runs nothing
+    sys.exit(main())

@@ -43,3 +43,15 @@ def test_other_trainers_spellings_and_yaml_slips_are_one_line_with_a_hint(argv, 
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("dapo-jax: ConfigError: ") and line in err[0], err
+
+
+def test_importing_the_main_module_runs_nothing():
+    # tools that import every module (pkgutil.walk_packages in tests/test_packaging.py, API doc builders)
+    # must not start the CLI: `python -m dapo_jax.cli` alone does
+    import importlib
+    import subprocess
+    import sys
+
+    importlib.import_module("dapo_jax.cli.__main__")  # raised SystemExit(2) before the guard
+    out = subprocess.run([sys.executable, "-m", "dapo_jax.cli"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "required: command" in out.stderr
