@@ -240,7 +240,7 @@ def math_verify_equal(
         _timeouts += 1
         if _timeouts == 1 or _timeouts % 100 == 0:
             _log.warning(
-                "math-verify ran past its %.1f s deadline %d time(s) in this process: each scored "
+                "math-verify ran past its %g s deadline %d time(s) in this process: each scored "
                 "as not equal (raise timeout_s if right answers are being refused)",
                 timeout_s,
                 _timeouts,
