@@ -30,7 +30,6 @@ import argparse
 import concurrent.futures
 import dataclasses
 import datetime
-import gzip
 import json
 import os
 import queue
@@ -45,7 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiment.py and si
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's dapo_jax
 
 import significance  # noqa: E402
-from experiment import SINGLE_THREAD_XLA, available_cores, done, machine, mean_sd, record, say  # noqa: E402
+from experiment import SINGLE_THREAD_XLA, available_cores, done, fmt_cell, machine, record, say  # noqa: E402
+
+from dapo_jax.training.metrics import read_metrics  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 ARMS = ("dapo", "cold_start", "distill")
@@ -179,21 +180,9 @@ def stage_evals(run: Path) -> dict[str, dict]:
 
 
 def chain_rows(run: Path) -> list[dict]:
-    """RUN/metrics.jsonl(.gz) of a chain, in order, the last line of each (stage, stage_step) winning (resumes
-    redo steps). Not `read_metrics`: it merges rows by `step`, and a stage's last step and the next stage's
-    step-0 evaluation share one (training/stages.py:combine_metrics), so one stage's figures would take the
-    other's place."""
-    path = run / "metrics.jsonl"
-    text = path.read_text() if path.exists() else gzip.decompress((run / "metrics.jsonl.gz").read_bytes()).decode()
-    rows: dict[tuple[int, int], dict] = {}
-    for line in text.splitlines():
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:  # a torn last line
-            continue
-        if "stage" in r:
-            rows.setdefault((int(r["stage_index"]), int(r["stage_step"])), {}).update(r)
-    return [rows[k] for k in sorted(rows)]
+    """RUN/metrics.jsonl(.gz) of a chain in order, each stage's rows apart (`read_metrics` keys them by
+    `stage_index`: a stage's last step and the next stage's step-0 evaluation share a chain step)."""
+    return [r for r in read_metrics(run) if "stage" in r]
 
 
 def _stage_G(run: Path, row: dict) -> int:
@@ -251,8 +240,8 @@ def report(out: Path, seeds) -> str:
         rl = [sum(ev["samples"] for name, ev in got[(arm, s)].items()
                   if _before(got[(arm, s)], name, stage, inclusive=which == "last")) for s in acc]
         per_seed = [f"{acc[s]:.3f}" if s in acc else "–" for s in seeds]
-        lines.append(f"| {label} | {cell(list(acc.values()))} | {cell(list(passk.values()))} | "
-                     + " | ".join(per_seed) + f" | {cell(rl, 0)} |")
+        lines.append(f"| {label} | {fmt_cell(list(acc.values()))} | {fmt_cell(list(passk.values()))} | "
+                     + " | ".join(per_seed) + f" | {fmt_cell(rl, 0)} |")
     comparisons = []
     for name, arm_a, st_a, arm_b, st_b, is_paired in TESTS:
         a, b = values(got, seeds, arm_a, st_a, "last"), values(got, seeds, arm_b, st_b, "last")
@@ -279,14 +268,6 @@ def _before(chain: dict, name: str, stage: str, inclusive: bool) -> bool:
     """Stage `name` runs before `stage` in its chain (or is it, when `inclusive`): its samples made the model."""
     order = list(chain)
     return stage in order and (order.index(name) < order.index(stage) or (inclusive and name == stage))
-
-
-def cell(v: list, digits: int = 3) -> str:
-    if not v:
-        return "–"
-    m, sd = mean_sd(v)
-    f = (lambda x: f"{x:,.0f}") if digits == 0 else (lambda x: f"{x:.{digits}f}")
-    return f(m) if sd is None else f"{f(m)} ± {f(sd)}"
 
 
 def main(argv: list[str] | None = None) -> int:

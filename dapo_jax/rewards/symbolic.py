@@ -48,6 +48,14 @@ DEFAULT_TIMEOUT_S = 3.0
 DEFAULT_MAX_CHARS = 1000
 DEFAULT_MAX_BITS = 100_000  # about 30,000 decimal digits: SymPy handles that in milliseconds
 
+# math-verify's one-off start-up is paid on these pairs, outside any deadline (`_math_verify`): they touch
+# the grammar, fractions, roots, constants, tuples and plain expressions
+_WARM_UP = (
+    ("\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}", "\\boxed{(3, \\pi/2)}"),
+    ("\\boxed{2\\sqrt{2}}", "\\boxed{\\sqrt{8}}"),
+    ("\\boxed{0.5}", "x = 1/2"),
+)
+
 _log = logging.getLogger(__name__)
 _timeouts = 0  # checks in this process that ran past their deadline (see timeouts())
 
@@ -134,14 +142,6 @@ def _math_verify():
         )
     return math_verify, configs
 
-
-# Pairs that touch the grammar, fractions, roots, constants, tuples and plain expressions.
-
-_WARM_UP = (
-    ("\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}", "\\boxed{(3, \\pi/2)}"),
-    ("\\boxed{2\\sqrt{2}}", "\\boxed{\\sqrt{8}}"),
-    ("\\boxed{0.5}", "x = 1/2"),
-)
 
 
 def parse_gold(gold: str):

@@ -8,24 +8,7 @@ import numpy as np
 import pytest
 
 from dapo_jax.cli import main
-
-
-def make_tiny_model(path: Path) -> Path:
-    from flax import nnx
-
-    from dapo_jax.data.char_tokenizer import build_char_tokenizer, save_char_tokenizer
-    from dapo_jax.models.config import ModelConfig
-    from dapo_jax.models.decoder import Decoder
-    from dapo_jax.models.hf_io import save_pretrained
-
-    tok = build_char_tokenizer()
-    cfg = ModelConfig(model_type="qwen2", vocab_size=len(tok), hidden_size=16, intermediate_size=32,
-                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, head_dim=8,
-                      tie_word_embeddings=True, attention_bias=True, eos_token_id=(tok.eos_token_id,),
-                      pad_token_id=tok.pad_token_id, max_position_embeddings=64)
-    save_pretrained(Decoder(cfg, rngs=nnx.Rngs(0)), path)
-    save_char_tokenizer(path)
-    return path
+from tests.training.conftest import make_tiny_model
 
 
 def overrides(model_dir, run_dir):
