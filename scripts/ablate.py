@@ -8,17 +8,18 @@ CONFIG (a recipe's name or a YAML file; default the main job, cot_dapo) is a DAP
 the ladder is that run with objective overrides only; each row x seed is one
 `dapo_jax.training.loop.train` run in RUNS_DIR/ROW/seedS, `--jobs` of them at a time (each in its own
 process, on one core, with one XLA thread; `--jobs 1`: one after another in this process). `--regime
-on-policy` (the default) is the ladder:
+on-policy` (the default) is the ladder of DAPO's Table 1, in its order, each row adding one technique:
 
-    naive GRPO          clip 0.2/0.2, seq_mean_token_mean, no dynamic sampling, no overlong shaping
-    + clip-higher       eps_high from CONFIG (0.28)
-    + overlong shaping  CONFIG's soft overlong punishment / overlong filtering
-    + token-level loss  token_mean
-    + dynamic sampling  = full DAPO
-    DAPO - X            full DAPO without one of the four (DAPO - dynamic sampling is the 4th row)
+    naive GRPO                  clip 0.2/0.2, seq_mean_token_mean, no dynamic sampling, no overlong shaping
+    + overlong filtering        truncated responses left out of the loss
+    + clip-higher               eps_high from CONFIG (0.28)
+    + soft overlong punishment  CONFIG's overlong_buffer / overlong_penalty_factor
+    + token-level loss          token_mean (normalised over the batch's tokens, as verl and TRL do)
+    + dynamic sampling          = DAPO
+    DAPO, per-group token mean  DAPO with Eq. 8 as written: group_mean_token_mean
 
-Row keys (--rows, run folders): grpo, clip, overlong, token, dapo, dapo-clip, dapo-overlong,
-dapo-token. `--set KEY=VALUE` adds a non-objective override to every row (e.g. data.eval_size).
+Row keys (--rows, run folders): grpo, filter, clip, soft, token, dapo, dapo-eq8. `--set KEY=VALUE`
+adds a non-objective override to every row (e.g. data.eval_size).
 
 `--regime off-policy` is clip-higher in the regime DAPO's Figure 2 comes from: each rollout batch
 split into OFF_POLICY_MINIBATCHES optimizer steps (DAPO: 512 prompts per rollout in mini-batches of
@@ -67,11 +68,15 @@ import significance  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 
 # ----------------------------------------------------------------------------- the rows
-# The four techniques of DAPO's Table 1, as the objective fields each one sets.
-TECHNIQUES = ("clip_higher", "overlong", "token_loss", "dynamic_sampling")
-TECHNIQUE_LABELS = {"clip_higher": "clip-higher", "overlong": "overlong shaping",
-                    "token_loss": "token-level loss", "dynamic_sampling": "dynamic sampling"}
-TECHNIQUE_KEYS = {"clip_higher": "clip", "overlong": "overlong", "token_loss": "token", "dynamic_sampling": "dynsamp"}
+# The techniques of DAPO's Table 1 in its order, as the objective fields each one sets, and one more:
+# Eq. 8's per-group normalisation of the token-level loss (a variant of DAPO, not a rung of the table).
+TECHNIQUES = ("overlong_filtering", "clip_higher", "soft_overlong", "token_loss", "dynamic_sampling", "group_norm")
+TECHNIQUE_LABELS = {"overlong_filtering": "overlong filtering", "clip_higher": "clip-higher",
+                    "soft_overlong": "soft overlong punishment", "token_loss": "token-level loss",
+                    "dynamic_sampling": "dynamic sampling", "group_norm": "per-group token mean (Eq. 8)"}
+TECHNIQUE_KEYS = {"overlong_filtering": "filter", "clip_higher": "clip", "soft_overlong": "soft",
+                  "token_loss": "token", "dynamic_sampling": "dapo", "group_norm": "dapo-eq8"}
+LADDER = TECHNIQUES[:5]  # Table 1's rungs
 
 # The off-policy regime: DAPO makes 16 optimizer steps per rollout batch (512 prompts, mini-batches of
 # 32). OFF_POLICY_LR: 8x the updates of the on-policy ladder (2 per rollout) at its lr 2e-4 move the
@@ -94,25 +99,27 @@ class Row:
 
 def technique_settings(base) -> dict[str, tuple[dict, dict]]:
     """technique -> (objective fields when on, when off), the "on" values taken from CONFIG's
-    resolved objective `base` (an `ObjectiveConfig`)."""
+    resolved objective `base` (an `ObjectiveConfig`). Per-group normalisation is a kind of token-level
+    loss: off, it leaves `loss_agg` to the token-level technique."""
     eps_high = base.eps_high if base.eps_high > base.eps_low else 0.28
     return {
+        "overlong_filtering": ({"overlong_filtering": True}, {"overlong_filtering": False}),
         "clip_higher": ({"eps_low": base.eps_low, "eps_high": eps_high},
                         {"eps_low": base.eps_low, "eps_high": base.eps_low}),
-        "overlong": ({"overlong_filtering": base.overlong_filtering, "overlong_buffer": base.overlong_buffer,
-                      "overlong_penalty_factor": base.overlong_penalty_factor},
-                     {"overlong_filtering": False, "overlong_buffer": None,
-                      "overlong_penalty_factor": base.overlong_penalty_factor}),
+        "soft_overlong": ({"overlong_buffer": base.overlong_buffer, "overlong_penalty_factor": base.overlong_penalty_factor},
+                          {"overlong_buffer": None, "overlong_penalty_factor": base.overlong_penalty_factor}),
         "token_loss": ({"loss_agg": "token_mean"}, {"loss_agg": "seq_mean_token_mean"}),
         "dynamic_sampling": ({"dynamic_sampling": True}, {"dynamic_sampling": False}),
+        "group_norm": ({"loss_agg": "group_mean_token_mean"}, {}),
     }
 
 
 def define_rows(base, regime: str = "on-policy") -> tuple[list[Row], list[tuple[Row, Row]]]:
-    """The cumulative ladder, then full DAPO minus each technique, and the (dropped, same as) pairs:
-    a row whose objective equals an earlier row's is not run twice (DAPO - dynamic sampling is the
-    ladder's 4th row; without overlong shaping in CONFIG the overlong rows equal their neighbours).
-    The off-policy regime: DAPO with a symmetric clip, then DAPO."""
+    """The cumulative ladder of DAPO's Table 1, then DAPO with Eq. 8's per-group token mean; and the
+    (dropped, same as) pairs: a row whose objective equals an earlier row's is not run twice (without
+    soft overlong punishment in CONFIG that rung equals the one before it). The off-policy regime:
+    CONFIG's DAPO (no overlong filtering unless CONFIG has it) with a symmetric clip, then with
+    clip-higher."""
     settings = technique_settings(base)
 
     def make(key, label, on):
@@ -123,15 +130,15 @@ def define_rows(base, regime: str = "on-policy") -> tuple[list[Row], list[tuple[
 
     if regime == "off-policy":
         low, high = settings["clip_higher"][0]["eps_low"], settings["clip_higher"][0]["eps_high"]
-        return [make("dapo-clip", f"symmetric clip {low}/{low}", [t for t in TECHNIQUES if t != "clip_higher"]),
-                make("dapo", f"clip-higher {low}/{high}", TECHNIQUES)], []
+        recipe = ["soft_overlong", "token_loss", "dynamic_sampling"] + (["overlong_filtering"] if base.overlong_filtering else [])
+        return [make("dapo-clip", f"symmetric clip {low}/{low}", recipe),
+                make("dapo", f"clip-higher {low}/{high}", recipe + ["clip_higher"])], []
     rows = [make("grpo", "naive GRPO", [])]
-    for i, t in enumerate(TECHNIQUES):
+    for i, t in enumerate(LADDER):
         full = t == "dynamic_sampling"
-        rows.append(make("dapo" if full else TECHNIQUE_KEYS[t],
-                         "DAPO (+ dynamic sampling)" if full else f"+ {TECHNIQUE_LABELS[t]}", TECHNIQUES[:i + 1]))
-    for t in TECHNIQUES:
-        rows.append(make(f"dapo-{TECHNIQUE_KEYS[t]}", f"DAPO − {TECHNIQUE_LABELS[t]}", [u for u in TECHNIQUES if u != t]))
+        rows.append(make(TECHNIQUE_KEYS[t], "DAPO (+ dynamic sampling)" if full else f"+ {TECHNIQUE_LABELS[t]}",
+                         LADDER[:i + 1]))
+    rows.append(make(TECHNIQUE_KEYS["group_norm"], "DAPO, per-group token mean (Eq. 8)", TECHNIQUES))
     unique, dropped, seen = [], [], {}
     for row in rows:
         sig = json.dumps(row.objective, sort_keys=True)
@@ -275,10 +282,12 @@ CLIP_COLUMNS = [
 
 # Per technique, the metrics DAPO's paper says it moves (and held-out accuracy for all).
 EFFECT_METRICS = {
+    "overlong_filtering": ("trunc", "trunc_end", "final_acc"),
     "clip_higher": ("ent_gen_end", "ent_gen_min", "final_pass", "final_acc"),
-    "overlong": ("trunc", "trunc_end", "final_acc"),
+    "soft_overlong": ("trunc", "trunc_end", "final_acc"),
     "token_loss": ("len_sd_steps", "len_spread", "ent_gen_end", "final_acc"),
     "dynamic_sampling": ("final_acc", "best_acc", "final_pass"),
+    "group_norm": ("len_sd_steps", "len_spread", "final_acc"),
 }
 METRIC_NAMES = {key: name for name, key, _ in OUTCOME_COLUMNS + DYNAMICS_COLUMNS}
 
@@ -316,16 +325,16 @@ def effects_table(rows: list[Row], summaries: dict[str, list[dict]]) -> str:
 # ----------------------------------------------------------------------------- figures
 # figure -> (title, rows compared, [(panel title, y label, metric, x)])
 FIGURES = {
-    "ablation_clip_higher": ("Clip-higher (DAPO Fig. 2)", ["grpo", "clip", "dapo-clip", "dapo"], [
+    "ablation_clip_higher": ("Clip-higher (DAPO Fig. 2)", ["filter", "clip"], [
         ("Entropy of all generated responses", "nats / token", "entropy_generated", "step"),
         ("Held-out accuracy", "avg@k", "eval/accuracy", "step")]),
-    "ablation_token_loss": ("Sequence-mean vs token-mean loss (DAPO Fig. 4)", ["overlong", "token", "dapo-token", "dapo"], [
+    "ablation_token_loss": ("Sequence-mean vs token-mean loss (DAPO Fig. 4)", ["soft", "token", "dapo", "dapo-eq8"], [
         ("Response length, mean", "tokens", "response_length_mean", "step"),
         ("Response length, sd within a step", "tokens", "response_length_std", "step")]),
     "ablation_dynamic_sampling": ("Dynamic sampling (DAPO Fig. 6)", ["token", "dapo"], [
         ("Held-out accuracy vs steps", "avg@k", "eval/accuracy", "step"),
         ("Held-out accuracy vs generated samples", "avg@k", "eval/accuracy", "samples")]),
-    "ablation_overlong": ("Overlong shaping (DAPO Fig. 5)", ["clip", "overlong", "dapo-overlong", "dapo"], [
+    "ablation_overlong": ("Overlong filtering and soft punishment (DAPO Fig. 5)", ["grpo", "filter", "clip", "soft"], [
         ("Truncated responses", "fraction of generated", "truncated_fraction", "step"),
         ("Held-out accuracy", "avg@k", "eval/accuracy", "step")]),
 }
@@ -342,8 +351,8 @@ OFF_POLICY_FIGURES = {
 
 
 def row_styles(rows: list[Row]) -> dict[str, dict]:
-    """One colour per row in every figure; DAPO-minus rows dashed."""
-    order = ["grpo", "clip", "overlong", "token", "dapo", *(f"dapo-{k}" for k in TECHNIQUE_KEYS.values())]
+    """One colour per row in every figure; DAPO variants (and the off-policy symmetric clip) dashed."""
+    order = ["grpo", *TECHNIQUE_KEYS.values(), "dapo-clip"]
     return {row.label: {"color": f"C{order.index(row.key) % 10}",
                         "linestyle": "--" if row.key.startswith("dapo-") else "-"} for row in rows}
 
@@ -455,7 +464,8 @@ def row_definitions(rows: list[Row], settings: dict[str, tuple[dict, dict]],
                     dropped: list[tuple[Row, Row]] = ()) -> str:
     """The objective fields of each technique on / off, then which are on in each row."""
     lines = ["| technique | on | off |", "|---|---|---|"]
-    lines += [f"| {TECHNIQUE_LABELS[t]} | {_fields(settings[t][0])} | {_fields(settings[t][1])} |" for t in TECHNIQUES]
+    lines += [f"| {TECHNIQUE_LABELS[t]} | {_fields(settings[t][0])} | {_fields(settings[t][1]) or 'as the token-level loss'} |"
+              for t in TECHNIQUES]
     lines += ["", "| row | run folder | " + " | ".join(TECHNIQUE_LABELS[t] for t in TECHNIQUES) + " |",
               "|---|---|" + "---|" * len(TECHNIQUES)]
     for row in rows:

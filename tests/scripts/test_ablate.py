@@ -38,26 +38,26 @@ def changed(a, b) -> set[str]:
 
 def test_rows_are_the_intended_objectives(tmp_path):
     base, _, runs, dropped = resolved(TINY, tmp_path)
-    assert list(runs) == ["grpo", "clip", "overlong", "token", "dapo", "dapo-clip", "dapo-overlong", "dapo-token"]
-    assert [(d.key, same.key) for d, same in dropped] == [("dapo-dynsamp", "token")]
+    # DAPO's Table 1 in its order, then DAPO with Eq. 8's per-group token mean
+    assert list(runs) == ["grpo", "filter", "clip", "soft", "token", "dapo", "dapo-eq8"] and not dropped
     naive = runs["grpo"].objective_config
     assert (naive.eps_low, naive.eps_high) == (0.2, 0.2)
     assert naive.loss_agg == "seq_mean_token_mean"
     assert not naive.dynamic_sampling and not naive.overlong_filtering and naive.overlong_buffer is None
     assert naive.kl_beta == 0.0 and not naive.needs_reference
     # full DAPO is CONFIG's own objective (tiny_dapo: clip-higher, token-mean, dynamic sampling, band 2)
-    assert runs["dapo"].objective_config == base.objective_config
+    # with Table 1's overlong filtering on as well
+    assert changed(runs["dapo"], base) == {"overlong_filtering"} and runs["dapo"].objective_config.overlong_filtering
     # the ladder adds one technique per row ...
-    assert changed(runs["grpo"], runs["clip"]) == {"eps_high"} and runs["clip"].objective_config.eps_high == 0.28
-    assert changed(runs["clip"], runs["overlong"]) == {"overlong_buffer"}
-    assert runs["overlong"].objective_config.overlong_buffer == 2
-    assert changed(runs["overlong"], runs["token"]) == {"loss_agg"}
+    assert changed(runs["grpo"], runs["filter"]) == {"overlong_filtering"}
+    assert changed(runs["filter"], runs["clip"]) == {"eps_high"} and runs["clip"].objective_config.eps_high == 0.28
+    assert changed(runs["clip"], runs["soft"]) == {"overlong_buffer"}
+    assert runs["soft"].objective_config.overlong_buffer == 2
+    assert changed(runs["soft"], runs["token"]) == {"loss_agg"} and runs["token"].objective_config.loss_agg == "token_mean"
     assert changed(runs["token"], runs["dapo"]) == {"dynamic_sampling"}
-    # ... and DAPO minus one differs from DAPO in that technique alone
-    assert changed(runs["dapo"], runs["dapo-clip"]) == {"eps_high"}
-    assert runs["dapo-clip"].objective_config.eps_high == 0.2
-    assert changed(runs["dapo"], runs["dapo-overlong"]) == {"overlong_buffer"}
-    assert changed(runs["dapo"], runs["dapo-token"]) == {"loss_agg"}
+    # ... and Eq. 8 differs from DAPO in the loss's normalisation alone
+    assert changed(runs["dapo"], runs["dapo-eq8"]) == {"loss_agg"}
+    assert runs["dapo-eq8"].objective_config.loss_agg == "group_mean_token_mean"
 
 
 def test_rows_are_otherwise_identical_runs(tmp_path):
@@ -84,9 +84,9 @@ def test_rows_are_otherwise_identical_runs(tmp_path):
 
 def test_a_config_without_overlong_shaping_drops_the_rows_that_would_repeat(tmp_path):
     _, _, runs, dropped = resolved(REPO / "dapo_jax" / "configs" / "tiny_grpo.yaml", tmp_path)
-    assert "overlong" not in runs and "dapo-overlong" not in runs
-    assert {(d.key, same.key) for d, same in dropped} == {("overlong", "clip"), ("dapo-overlong", "dapo"),
-                                                          ("dapo-dynsamp", "token")}
+    assert "soft" not in runs  # no soft overlong punishment in CONFIG: that rung equals the one before
+    assert [(d.key, same.key) for d, same in dropped] == [("soft", "clip")]
+    assert list(runs) == ["grpo", "filter", "clip", "token", "dapo", "dapo-eq8"]
     assert runs["grpo"].objective_config.kl_beta == 0.0  # tiny_grpo's own KL is 0.04
 
 
@@ -292,15 +292,17 @@ def test_jobs_run_children_one_core_and_one_xla_thread_each_and_report_failures(
 def test_effects_pair_rows_that_differ_in_one_technique_and_compare_with_the_seed_spread():
     rows, _ = ablate.define_rows(load_config(TINY).objective_config)
     pairs = lambda t: [(a.key, b.key) for a, b in ablate.effect_pairs(rows, t)]  # noqa: E731
-    assert pairs("clip_higher") == [("clip", "grpo"), ("dapo", "dapo-clip")]
-    assert pairs("overlong") == [("overlong", "clip"), ("dapo", "dapo-overlong")]
-    assert pairs("token_loss") == [("token", "overlong"), ("dapo", "dapo-token")]
-    # DAPO − dynamic sampling is the token row; DAPO − token-level loss differs from +overlong in it too
-    assert pairs("dynamic_sampling") == [("dapo", "token"), ("dapo-token", "overlong")]
+    # each rung against the one before it, and Eq. 8 against DAPO
+    assert pairs("overlong_filtering") == [("filter", "grpo")]
+    assert pairs("clip_higher") == [("clip", "filter")]
+    assert pairs("soft_overlong") == [("soft", "clip")]
+    assert pairs("token_loss") == [("token", "soft")]
+    assert pairs("dynamic_sampling") == [("dapo", "token")]
+    assert pairs("group_norm") == [("dapo-eq8", "dapo")]
     summaries = {"dapo": [{"final_acc": a} for a in (0.40, 0.42, 0.44)],  # mean 0.42, sd 0.02
                  "token": [{"final_acc": a} for a in (0.10, 0.20, 0.30)],  # mean 0.20, sd 0.10
                  "clip": [{"ent_gen_end": h} for h in (0.10, 0.12, 0.14)],
-                 "grpo": [{"ent_gen_end": h} for h in (0.11, 0.13, 0.15)]}
+                 "filter": [{"ent_gen_end": h} for h in (0.11, 0.13, 0.15)]}
     table = ablate.effects_table(rows, summaries)
     from scipy import stats
 
@@ -308,11 +310,11 @@ def test_effects_pair_rows_that_differ_in_one_technique_and_compare_with_the_see
     p1 = stats.ttest_ind([0.40, 0.42, 0.44], [0.10, 0.20, 0.30], equal_var=False).pvalue  # 0.067
     assert "| 0.4200 | 0.2000 | +0.2200 [" in line
     assert line.endswith(f"| {p1:.3f} | {min(1, 2 * p1):.3f} | not separable |")  # Holm over the 2 tests
-    line = next(x for x in table.splitlines() if "`clip` → `grpo`" in x and "H gen. end" in x)
+    line = next(x for x in table.splitlines() if "`clip` → `filter`" in x and "H gen. end" in x)
     p2 = stats.ttest_ind([0.10, 0.12, 0.14], [0.11, 0.13, 0.15], equal_var=False).pvalue
     assert line.endswith(f"| {p2:.3f} | {min(1, max(2 * p1, p2)):.3f} | not separable |")
     assert "this table's 2 tests" in table
-    assert "dapo-clip" not in table  # rows without runs are left out
+    assert "dapo-eq8" not in table  # rows without runs are left out
 
 
 def test_length_only_groups_are_the_uniform_correctness_groups_with_reward_spread(tmp_path):
