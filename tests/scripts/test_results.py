@@ -52,3 +52,25 @@ def test_the_stage_comparison_in_docs_stages_md_is_the_one_the_kept_chains_give(
     table = stage_compare.report(folder, (0, 1, 2))
     for line in table.splitlines():
         assert line in page, line
+
+
+def test_the_ablation_ladder_in_docs_ablation_md_is_the_one_the_kept_runs_give():
+    """docs/ablation.md's outcome, dynamics and effect tables (DAPO's Table 1 in its order, 5 seeds) are what
+    scripts/ablate.py reports from the runs kept in results/ablate, line for line."""
+    from dapo_jax.training.config.paths import CONFIG_DIR
+    from dapo_jax.training.config.run import load_config
+
+    ablate = load_script("ablate")
+    config = CONFIG_DIR / "cot_dapo.yaml"
+    cfg = load_config(config)
+    plan = ablate.make_plan(config, cfg, steps=60, eval_every=10, seeds=5, runs_dir=REPO / "results" / "ablate")
+    rows, _ = ablate.define_rows(cfg.objective_config)
+    assert sorted(p.name for p in plan.runs_dir.iterdir() if p.is_dir()) == sorted(r.key for r in rows)
+    summaries, runs, target, missing = ablate.summarize_all(plan, rows, None)
+    assert not missing and all(len(v) == 5 for v in summaries.values())
+    page = (REPO / "docs" / "ablation.md").read_text()
+    for table in (ablate.markdown_table(rows, summaries, ablate.OUTCOME_COLUMNS),
+                  ablate.markdown_table(rows, summaries, ablate.DYNAMICS_COLUMNS),
+                  ablate.equal_budget_table(rows, runs), ablate.effects_table(rows, summaries)):
+        for line in table.splitlines():
+            assert line in page, line
