@@ -4,11 +4,36 @@ audit hooks), so a test can check what each process of a multi-process run wrote
 
 With `AUDITED_TRAIN_SIGKILL_AT=PREFIX` in its environment, the process sends itself SIGKILL at its first
 recorded write under RUN_DIR/PREFIX (e.g. `checkpoints/3.orbax-checkpoint-tmp`: inside the save of
-checkpoint 3, while the other processes take part in it): a real kill -9 at a known point."""
+checkpoint 3, while the other processes take part in it): a real kill -9 at a known point.
+
+Every process writes the programs it compiles to the persistent compilation cache (`cache_from_every_process`):
+JAX writes only from process 0, and process 1's programs have keys of their own on the CPU, so without this
+each of the test's five process pairs would compile all of process 1's programs afresh."""
 
 import os
 import signal
 import sys
+
+
+def cache_from_every_process() -> None:
+    """Lets this process write its compiled programs to JAX's persistent cache, as process 0 does: JAX's
+    compiler module sees process id 0 (everything else of the distributed state is the real one). Only the
+    cache write reads it on this backend. A JAX without those internals is left as it is."""
+    from jax._src import compiler, distributed
+
+    real = distributed.global_state
+    if not hasattr(compiler, "distributed") or not hasattr(real, "process_id"):
+        return
+
+    class AsProcess0:
+        def __getattr__(self, name):
+            return 0 if name == "process_id" else getattr(real, name)
+
+    class Distributed:
+        def __getattr__(self, name):
+            return AsProcess0() if name == "global_state" else getattr(distributed, name)
+
+    compiler.distributed = Distributed()
 
 
 def main() -> None:
@@ -43,6 +68,7 @@ def main() -> None:
                 write(f"{event} {rel}\n", rel)
 
     sys.addaudithook(hook)
+    cache_from_every_process()
     from dapo_jax.cli import main as cli
 
     sys.exit(cli(args))
