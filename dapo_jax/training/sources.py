@@ -169,9 +169,13 @@ class RunScorer(RewardPipeline):
 
     def take_counts(self) -> dict[str, int]:
         """`reward_failures/NAME` (and `reward_unreadable/NAME` for functions that read a ground truth): rows
-        counted since the previous call."""
+        counted since the previous call. The same keys every call, 0 where nothing was scored: with
+        `rollout.overlap` the next rollout may or may not be scored before a step's row is written, and a
+        resumed run's row must not differ from the uninterrupted one's in which keys it has."""
         with self._lock:
             counts = {f"reward_failures/{p}": 0 for p in self.part_names}
+            counts.update({f"reward_unreadable/{self.part_names[j]}": 0 for j, (_, fn, _) in enumerate(self.functions)
+                           if getattr(fn, "truth_readable", None) is not None})
             counts.update(self._counts)
             self._counts = {}
         return counts

@@ -86,3 +86,18 @@ def test_order_seed_reorders_the_training_prompts_and_keeps_the_problems():
     a, b, c = first(base), first(same), first(other)
     assert a == b
     assert a != c and sorted(a) == sorted(c)  # the same 40 problems, another order
+
+
+def test_reward_counts_have_the_same_keys_whether_or_not_anything_was_scored():
+    """A metrics row's reward counts may be taken before any score call since the last row (rollout.overlap, a
+    resume from a checkpoint holding a scored rollout): the keys must not depend on it."""
+    obj = load_config(None).objective_config
+    reward = RewardSection(functions=[{"name": "synthetic"}, {"name": "format", "options": {"pattern": "^1"}}])
+    score = make_scorer(reward, obj)
+    before = score.take_counts()
+    score(["12", "x"], ["12", "not a number"])
+    after = score.take_counts()
+    assert set(before) == set(after) == set(score.take_counts())
+    assert "reward_unreadable/synthetic" in before and not any(k.endswith("/format") and "unreadable" in k for k in before)
+    assert all(v == 0 for v in before.values())
+    assert after["reward_unreadable/synthetic"] == 1 and after["reward_failures/synthetic"] == 0
