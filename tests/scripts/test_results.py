@@ -74,3 +74,22 @@ def test_the_ablation_ladder_in_docs_ablation_md_is_the_one_the_kept_runs_give()
                   ablate.equal_budget_table(rows, runs), ablate.effects_table(rows, summaries)):
         for line in table.splitlines():
             assert line in page, line
+
+
+def test_the_learning_rate_sweep_in_docs_league_lr_md_is_the_one_the_kept_runs_give():
+    """docs/league_lr.md's sweep table (each row's avg@4 at each rate) is what scripts/lr_sweep.py reports from the
+    finished runs kept in results/lr_sweep, line for line; every kept run is a finished one."""
+    import json
+
+    lr_sweep = load_script("lr_sweep")
+    folder = REPO / "results" / "lr_sweep"
+    kept = sorted(folder.glob("lr*/*/seed*"))
+    assert kept and all(json.loads((run / "experiment.json").read_text())["finished"] for run in kept)
+    sweep = lr_sweep.make_sweep(lr_sweep.default_config(), (), lrs=lr_sweep.DEFAULT_LRS, sweep_seeds=2,
+                                confirm_seeds=5, runs_dir=folder)
+    rows = [r for r in lr_sweep.league.ROWS if r.key in lr_sweep.DEFAULT_ROWS]
+    page = (REPO / "docs" / "league_lr.md").read_text()
+    table = lr_sweep.sweep_table(sweep, rows)
+    assert any("| 0." in line for line in table.splitlines()[2:])  # at least one measured cell
+    for line in table.splitlines():
+        assert line in page, line
