@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import sys
 from pathlib import Path
 
@@ -96,11 +97,17 @@ def finished_values(sweep: Sweep, row, lr: float, seeds, key: str = "final_acc")
     for seed in seeds:
         j = job(sweep, row, lr, seed)
         if is_finished(j):
-            run = read_run(j.path)
-            s = summarize_run(run, None, offset=league.pretrain_samples(sweep.plans[lr], row))
-            if s.get(key) is not None:
-                out.append(s[key])
+            value = _finished_summary(j.path, league.pretrain_samples(sweep.plans[lr], row)).get(key)
+            if value is not None:
+                out.append(value)
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _finished_summary(path: Path, offset: int) -> dict:
+    """A finished run's summary, read once: the report's tables ask for each run several times, and a finished
+    run does not change (unfinished ones are never passed here)."""
+    return summarize_run(read_run(path), None, offset=offset)
 
 
 def best_lr(sweep: Sweep, row) -> float | None:
@@ -142,6 +149,14 @@ def sweep_table(sweep: Sweep, rows) -> str:
     return "\n".join(lines)
 
 
+def _tested(c, p_adj) -> str:
+    """The cells 'Δ [95% interval] | p | Holm p | verdict' of one comparison."""
+    interval = f" [{c.low:+.3f}, {c.high:+.3f}]" if c.low is not None else ""
+    p = "–" if c.p is None else f"{c.p:.3f}"
+    holm_p = "–" if p_adj is None else f"{p_adj:.3f}"
+    return f"{c.delta:+.3f}{interval} | {p} | {holm_p} | {significance.verdict(c, p_adj)}"
+
+
 def confirm_table(sweep: Sweep, rows) -> str:
     """Per row with a best rate other than the shared one: the confirmation seeds at both, Welch's test, Holm
     over the rows; rows whose best rate is the shared one are listed as such."""
@@ -158,11 +173,7 @@ def confirm_table(sweep: Sweep, rows) -> str:
     lines = ["| row | best rate | avg@4 at best | avg@4 at shared | Δ [95% interval] | p | Holm p | verdict |",
              "|---|---|---|---|---|---|---|---|"]
     for (row, best, a, b, c), p_adj in zip(found, adjusted):
-        interval = f" [{c.low:+.3f}, {c.high:+.3f}]" if c.low is not None else ""
-        p = f"{c.p:.3f}" if c.p is not None else "–"
-        holm_p = f"{p_adj:.3f}" if p_adj is not None else "–"
-        lines.append(f"| {row.label} | {best:g} | {fmt_cell(a)} | {fmt_cell(b)} | {c.delta:+.3f}{interval} | {p} | "
-                     f"{holm_p} | {significance.verdict(c, p_adj)} |")
+        lines.append(f"| {row.label} | {best:g} | {fmt_cell(a)} | {fmt_cell(b)} | {_tested(c, p_adj)} |")
     shared_best = [row.label for row in rows if best_lr(sweep, row) == sweep.shared]
     tail = f"\n\nBest at the shared rate {sweep.shared:g} (one set of runs): {', '.join(shared_best)}." if shared_best else ""
     return "\n".join(lines) + "\n\n" + significance.legend(significance.family_size(adjusted)) + tail
@@ -187,10 +198,7 @@ def versus_grpo(sweep: Sweep, rows, at_best: bool) -> str:
     lines = [f"| row | rate | avg@4 | GRPO (lr {rate(grpo):g}) | Δ [95% interval] | p | Holm p | verdict |",
              "|---|---|---|---|---|---|---|---|"]
     for (row, lr, a, c), p_adj in zip(found, adjusted):
-        interval = f" [{c.low:+.3f}, {c.high:+.3f}]" if c.low is not None else ""
-        lines.append(f"| {row.label} | {lr:g} | {fmt_cell(a)} | {fmt_cell(base)} | {c.delta:+.3f}{interval} | "
-                     f"{'–' if c.p is None else f'{c.p:.3f}'} | {'–' if p_adj is None else f'{p_adj:.3f}'} | "
-                     f"{significance.verdict(c, p_adj)} |")
+        lines.append(f"| {row.label} | {lr:g} | {fmt_cell(a)} | {fmt_cell(base)} | {_tested(c, p_adj)} |")
     return "\n".join(lines) + "\n\n" + significance.legend(significance.family_size(adjusted))
 
 
