@@ -226,6 +226,43 @@ def _chunked_bwd(vc, residuals, cotangents):
 _chunked.defvjp(_chunked_fwd, _chunked_bwd)
 
 
+# --------------------------------------------------------------------------- a diagnostic
+def output_grad_norms(hidden: jax.Array, w: jax.Array, targets: jax.Array, *, temperature: float | jax.Array = 1.0,
+                      chunk_size: int = DEFAULT_CHUNK_SIZE) -> jax.Array:
+    """`‖∂ log π(y_t) / ∂W‖_F` `[..., T]` float32: how much one token's log-prob moves the output layer.
+
+    With `z_t = h_t·W/τ`, `∂ log π(y_t)/∂W = h_t (e_{y_t} − p_t)ᵀ / τ`, a rank-one matrix, so its norm is
+    `‖h_t‖ · ‖e_{y_t} − p_t‖ / τ` with `‖e_y − p‖² = 1 − 2 p_y + Σ_v p_v²`. No gradient flows through it. A
+    policy-gradient surrogate weights each token's `∇ log π` by `A·ρ`; these norms, so weighted, say which
+    tokens carry the output layer's gradient (objectives/diagnostics.py, `clip_grad_shares`). Chunked over
+    positions as `token_logprobs` (peak `B·chunk_size·V` floats); `targets` must be in `[0, V)`.
+    """
+    if targets.shape != hidden.shape[:-1] or w.ndim != 2 or w.shape[0] != hidden.shape[-1]:
+        raise ValueError(f"hidden {hidden.shape}, w {w.shape} and targets {targets.shape} must be [..., T, d], "
+                         f"[d, V] and [..., T]")
+    t, d = hidden.shape[-2:]
+    if t == 0 or hidden.size == 0:
+        return jnp.zeros(targets.shape, jnp.float32)
+    dtype = jnp.promote_types(hidden.dtype, w.dtype)
+    h = jax.lax.stop_gradient(hidden).astype(dtype).reshape(-1, t, d)
+    y = targets.astype(jnp.int32).reshape(-1, t)
+    w = jax.lax.stop_gradient(w).astype(dtype)
+    c = min(int(chunk_size), t)
+    n = -(-t // c)
+    h = jnp.moveaxis(jnp.pad(h, ((0, 0), (0, n * c - t), (0, 0))).reshape(h.shape[0], n, c, d), 1, 0)
+    y = jnp.moveaxis(jnp.pad(y, ((0, 0), (0, n * c - t))).reshape(y.shape[0], n, c), 1, 0)
+
+    def chunk(hy):
+        h_c, y_c = hy
+        p = jax.nn.softmax(_logits(h_c, w, temperature), axis=-1)
+        p_y = jnp.take_along_axis(p, y_c[..., None], axis=-1, mode="clip")[..., 0]
+        sq = jnp.maximum(1.0 - 2.0 * p_y + jnp.sum(p * p, axis=-1), 0.0)
+        return jnp.linalg.norm(h_c.astype(jnp.float32), axis=-1) * jnp.sqrt(sq) / temperature
+
+    out = jax.lax.map(chunk, (h, y))
+    return jnp.moveaxis(out, 0, 1).reshape(-1, n * c)[:, :t].reshape(targets.shape)
+
+
 # --------------------------------------------------------------------------- training forward
 def response_logprobs(
     model,
@@ -237,7 +274,8 @@ def response_logprobs(
     temperature: float | jax.Array = 1.0,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     vocab_chunk: int | None = None,
-) -> tuple[jax.Array, jax.Array]:
+    grad_norms: bool = False,
+) -> tuple[jax.Array, ...]:
     """`log π(response token)` and entropy at every response position: the trainer's forward pass.
 
     One model call on `concat(prompt, response)` with `positions_from_mask(concat(masks))`; the
@@ -252,9 +290,11 @@ def response_logprobs(
         response tensors are `[P, G, T]` (or `[P, G, S]`).
       response_ids, response_mask: `[B, T]` or `[P, G, T]`; mask 1 on real tokens (EOS included).
       temperature, chunk_size, vocab_chunk: as in `token_logprobs`.
+      grad_norms: also return `output_grad_norms` (a diagnostic, no gradient).
 
     Returns:
-      `(logp, entropy)` shaped like `response_ids`, float32, exactly 0 at padded response positions.
+      `(logp, entropy)` shaped like `response_ids`, float32, exactly 0 at padded response positions
+      (`(logp, entropy, grad_norms)` with `grad_norms`).
     """
     if response_ids.shape != response_mask.shape:
         raise ValueError(f"response_mask {response_mask.shape} must match response_ids {response_ids.shape}")
@@ -286,4 +326,7 @@ def response_logprobs(
     )
     logp = jnp.where(real, logp, 0.0)
     entropy = jnp.where(real, entropy, 0.0)
-    return logp.reshape(out_shape), entropy.reshape(out_shape)
+    if not grad_norms:
+        return logp.reshape(out_shape), entropy.reshape(out_shape)
+    norms = jnp.where(real, output_grad_norms(h, w, targets, temperature=temperature, chunk_size=chunk_size), 0.0)
+    return logp.reshape(out_shape), entropy.reshape(out_shape), norms.reshape(out_shape)

@@ -47,6 +47,9 @@ class ObjectiveConfig(BaseModel):
       policy_loss: the per-token loss (`policy_loss.py`).
       eps_low, eps_high: ratio clip `[1 - eps_low, 1 + eps_high]` (clip-higher when eps_high > eps_low).
       dual_clip_c: dual-clip constant `c > 1` bounding negative-advantage tokens; None = off.
+      clip_grad_share: a diagnostic: log the clipped tokens' share of the output layer's per-token gradient
+        norms (`clip_grad_share_high` / `_low`, `diagnostics.clip_grad_shares`); costs one more output-layer
+        pass per update. The loss is unchanged.
       loss_agg: how per-token losses become (loss_sum, denominator) (`aggregation.py`).
       max_response_length: `T_max` for `constant_norm` and `L_max` for the overlong penalty (tokens).
         May be None in the file; the trainer fills it from its sampling config.
@@ -124,6 +127,7 @@ class ObjectiveConfig(BaseModel):
     eps_low: float = 0.2
     eps_high: float = 0.28
     dual_clip_c: float | None = None
+    clip_grad_share: bool = False
     loss_agg: AggregationName = "token_mean"
     max_response_length: int | None = Field(None, gt=0)
     # KL to the reference policy
@@ -198,6 +202,8 @@ class ObjectiveConfig(BaseModel):
             )
         if self.dual_clip_c is not None and not self.dual_clip_c > 1:
             raise ValueError(f"dual_clip_c must be > 1 (or None = off), got {self.dual_clip_c}")
+        if self.clip_grad_share and self.kind != "policy_gradient":
+            raise ValueError(f"clip_grad_share is a per-token policy loss's diagnostic: kind={self.kind!r} has no clip")
         if self.gfpo_adaptive is not None and min(self.gfpo_adaptive) < 2:
             raise ValueError(f"gfpo_adaptive: every k must be >= 2 (a subset of 1 has no spread), got {self.gfpo_adaptive}")
         if not self.kl_beta >= 0:

@@ -85,6 +85,29 @@ def clip_histograms(old_logp, ratio, advantages, mask, *, eps_low: float, eps_hi
     return out
 
 
+def clip_grad_shares(ratio, advantages, mask, grad_norms, *, eps_low: float, eps_high: float) -> dict:
+    """The clipped tokens' share of the surrogate's output-layer gradient, as additive pairs.
+
+    ratio, advantages, mask, grad_norms: [P, G, T]; grad_norms = `‖∂ log π(y_t)/∂W‖` of the output layer
+    (`models/logprobs.output_grad_norms`). Unclipped, token t adds `A_t ρ_t ∇ log π(y_t)` to the surrogate's
+    gradient, of output-layer norm `a_t = |A_t| ρ_t g_t`; where the clip binds it adds nothing. Pairs
+    `(Σ_clipped a_t, Σ_all a_t)` over the loss mask, so a finalised value is the share of the per-token norms
+    Σ a_t that the clip removes, whatever the batch is split into:
+      clip_grad_share_high: A > 0 and ρ > 1 + ε_high (the tokens of `clip_frac_high`);
+      clip_grad_share_low: A < 0 and ρ < 1 − ε_low (those of `clip_frac_low`).
+    WHY: a token's gradient is not its count. ‖e_y − p‖ ≥ 1 − p_y, so an unlikely token moves the output
+    layer more than a likely one; the token share of the clip (`clip_frac_*`) can be small while its share of
+    the gradient is not. This is a sum of norms (each token's own), not the norm of the clipped sum.
+    """
+    m = jnp.asarray(mask, jnp.float32)
+    adv = jnp.asarray(advantages, jnp.float32)
+    r = jnp.asarray(ratio, jnp.float32)
+    a = jnp.abs(adv) * r * jnp.asarray(grad_norms, jnp.float32) * m
+    total = jnp.sum(a)
+    return {"clip_grad_share_high": (jnp.sum(jnp.where((adv > 0) & (r > 1.0 + eps_high), a, 0.0)), total),
+            "clip_grad_share_low": (jnp.sum(jnp.where((adv < 0) & (r < 1.0 - eps_low), a, 0.0)), total)}
+
+
 def _kind(name: str) -> str:
     return "min" if name.endswith("_min") else "max" if name.endswith("_max") else "sum"
 

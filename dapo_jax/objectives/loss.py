@@ -90,7 +90,7 @@ def batch_statistics(cfg: ObjectiveConfig, *, logp, old_logp, advantages, mask, 
 
 def objective_terms(cfg: ObjectiveConfig, *, logp, old_logp, advantages, mask, ref_logp=None, entropy=None,
                     entropy_threshold=None, behaviour_logp=None, nll_weight=None, entropy_norm=None,
-                    policy_stats=None, priority=None, weight_total=None, entropy_coef=None):
+                    policy_stats=None, priority=None, weight_total=None, entropy_coef=None, grad_norms=None):
     """The loss of one (micro-)batch as an additive pair, plus additive metrics.
 
     Args:
@@ -117,6 +117,8 @@ def objective_terms(cfg: ObjectiveConfig, *, logp, old_logp, advantages, mask, r
       entropy_coef: scalar α_k, Skywork-OR1's adaptive entropy coefficient of this step
         (`adaptive_entropy.EntropyControl.alpha`, carried by the run); required only when
         cfg.adaptive_entropy, where it replaces cfg.entropy_coef (no gradient flows into it).
+      grad_norms: [P, G, T] each token's output-layer gradient norm (`logprobs.output_grad_norms`, constant);
+        given (the trainer passes it when cfg.clip_grad_share), adds `clip_grad_share_high` / `_low`.
 
     Returns:
       (loss_sum, denominator, metrics): float32 scalars with loss = Σ loss_sum / Σ den over micro-batches;
@@ -226,6 +228,10 @@ def objective_terms(cfg: ObjectiveConfig, *, logp, old_logp, advantages, mask, r
     dual = (adv < 0) & (r > cfg.dual_clip_c) if cfg.dual_clip_c is not None else jnp.zeros(m.shape, bool)
     metrics["clip_frac_dual"] = diag.masked_sum_count(dual, m)
     metrics.update(diag.clip_histograms(old_logp, r, adv, m, eps_low=cfg.eps_low, eps_high=cfg.eps_high))
+    if grad_norms is not None:
+        _check_shape("grad_norms", grad_norms, m.shape)
+        metrics.update(diag.clip_grad_shares(r, adv, m, jax.lax.stop_gradient(grad_norms), eps_low=cfg.eps_low,
+                                             eps_high=cfg.eps_high))
     metrics["advantage_mean"] = diag.masked_sum_count(adv, m)
     metrics["advantage_sq_mean"] = diag.masked_sum_count(jnp.square(adv), m)
     metrics["zero_adv_group_frac"] = diag.zero_advantage_groups(adv, m)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from dapo_jax.models.config import ModelConfig
 from dapo_jax.models.decoder import Decoder
-from dapo_jax.models.logprobs import naive_token_logprobs, response_logprobs, token_logprobs
+from dapo_jax.models.logprobs import naive_token_logprobs, output_grad_norms, response_logprobs, token_logprobs
 
 
 # --------------------------------------------------------------------------- NumPy references
@@ -390,3 +390,40 @@ def test_response_logprobs_rejects_mismatched_shapes():
         response_logprobs(model, ids, ids, ids, ids[:, :3])
     with pytest.raises(ValueError, match="prompt_ids"):
         response_logprobs(model, ids[:1], ids[:1], ids, ids)
+
+
+# --------------------------------------------------------------------------- the output layer's gradient norms
+def np_output_grad_norms(h, w, y, temperature):
+    """float64 Frobenius norm of d log_softmax(h·W/τ)[y] / dW, the matrix written out: h (onehot(y) − p)ᵀ / τ."""
+    h, w = np.asarray(h, np.float64), np.asarray(w, np.float64)
+    z = h @ w / temperature
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    onehot = np.eye(w.shape[1])[np.asarray(y)]
+    jac = h[..., :, None] * (onehot - p)[..., None, :] / temperature  # [..., d, V]
+    return np.sqrt((jac ** 2).sum((-2, -1)))
+
+
+@pytest.mark.parametrize("chunk_size", [3, 128])
+def test_output_grad_norms_match_the_written_out_gradient(chunk_size):
+    h, w, y = make_inputs(5, (2, 7), 6, 11, scale=0.8)
+    got = jax.jit(partial(output_grad_norms, temperature=0.7, chunk_size=chunk_size))(h, w, y)
+    np.testing.assert_allclose(np.asarray(got), np_output_grad_norms(h, w, y, 0.7), rtol=2e-5)
+    # and autodiff's gradient of one token's log-prob, for one token
+    g = jax.grad(lambda w: naive_token_logprobs(h, w, y, temperature=0.7)[0][1, 4])(w)
+    np.testing.assert_allclose(float(jnp.linalg.norm(g)), float(got[1, 4]), rtol=2e-5)
+    # the bounds the ablation pages use: (1 − p_y) ‖h‖/τ <= norm <= √2 (1 − p_y) ‖h‖/τ
+    p_y = np.exp(np_logprobs(h, w, y, 0.7)[0])
+    base = (1 - p_y) * np.linalg.norm(np.asarray(h, np.float64), axis=-1) / 0.7
+    assert np.all(np.asarray(got) >= base * (1 - 1e-5)) and np.all(np.asarray(got) <= np.sqrt(2) * base * (1 + 1e-5))
+
+
+def test_response_logprobs_grad_norms_are_zero_on_padding_and_leave_logp_alone():
+    model = tiny_model()
+    rng = np.random.default_rng(4)
+    args = tuple(jnp.asarray(x) for x in padded_batch(rng, [3, 4], [5, 2], s=4, t=5, v=61))
+    logp, ent = response_logprobs(model, *args)
+    logp2, ent2, norms = response_logprobs(model, *args, grad_norms=True)
+    np.testing.assert_array_equal(np.asarray(logp), np.asarray(logp2))
+    real = np.asarray(args[3]) > 0
+    assert np.all(np.asarray(norms)[~real] == 0) and np.all(np.asarray(norms)[real] > 0)

@@ -141,3 +141,52 @@ def test_clip_histograms_add_up_to_the_clip_fractions_of_the_objective():
         pos = np.broadcast_to(adv[..., None], shape) > 0
         np.testing.assert_allclose(out["ratio_pos_5"], (valid & pos & (ratio >= 1.2) & (ratio < 1.28)).sum() / valid.sum(),
                                    rtol=1e-5)
+
+
+def test_clip_grad_shares_match_numpy_and_split_over_micro_batches():
+    rng = np.random.default_rng(7)
+    shape = (4, 3, 6)
+    ratio = np.exp(rng.normal(size=shape) * 0.3).astype(np.float32)
+    adv = np.broadcast_to(rng.normal(size=shape[:2])[..., None], shape).astype(np.float32)
+    mask = (rng.random(shape) < 0.8).astype(np.float32)
+    norms = rng.uniform(0.1, 3.0, shape).astype(np.float32)
+    a = np.abs(adv) * ratio * norms * mask  # each token's unclipped output-layer gradient norm
+    want_high = a[(adv > 0) & (ratio > 1.28)].sum() / a.sum()
+    want_low = a[(adv < 0) & (ratio < 0.8)].sum() / a.sum()
+    assert want_high > 0 and want_low > 0
+    whole = diag.finalize_metrics(diag.clip_grad_shares(ratio, adv, mask, norms, eps_low=0.2, eps_high=0.28))
+    np.testing.assert_allclose(float(whole["clip_grad_share_high"]), want_high, rtol=1e-5)
+    np.testing.assert_allclose(float(whole["clip_grad_share_low"]), want_low, rtol=1e-5)
+    parts = [diag.clip_grad_shares(ratio[i:i + 2], adv[i:i + 2], mask[i:i + 2], norms[i:i + 2], eps_low=0.2,
+                                   eps_high=0.28) for i in (0, 2)]
+    split = diag.finalize_metrics(diag.combine_metrics(parts))
+    np.testing.assert_allclose(float(split["clip_grad_share_high"]), want_high, rtol=1e-5)
+    # a token's count is not its gradient: the same clipped tokens with larger norms get a larger share
+    heavier = np.where((adv > 0) & (ratio > 1.28), 10 * norms, norms)
+    more = diag.finalize_metrics(diag.clip_grad_shares(ratio, adv, mask, heavier, eps_low=0.2, eps_high=0.28))
+    assert float(more["clip_grad_share_high"]) > 2 * want_high
+
+
+def test_objective_terms_log_the_grad_shares_only_when_given_norms():
+    import pytest
+
+    from dapo_jax.objectives import ObjectiveConfig, objective_terms
+
+    rng = np.random.default_rng(3)
+    shape = (2, 4, 5)
+    old = np.log(rng.uniform(0.05, 1.0, shape)).astype(np.float32)
+    logp = (old + rng.normal(size=shape) * 0.4).astype(np.float32)
+    mask = np.ones(shape, np.float32)
+    adv = rng.normal(size=shape[:2]).astype(np.float32)
+    cfg = ObjectiveConfig(eps_low=0.2, eps_high=0.28, clip_grad_share=True)
+    loss0, _, plain = objective_terms(cfg, logp=logp, old_logp=old, advantages=adv, mask=mask)
+    loss1, _, with_norms = objective_terms(cfg, logp=logp, old_logp=old, advantages=adv, mask=mask,
+                                           grad_norms=np.ones(shape, np.float32))
+    assert "clip_grad_share_high" not in plain and float(loss0) == float(loss1)  # a diagnostic: the loss is unchanged
+    out = diag.finalize_metrics(with_norms)
+    r = np.exp(logp - old)
+    a = np.abs(np.broadcast_to(adv[..., None], shape)) * r  # unit norms: the share is the |A| ρ mass
+    high = (np.broadcast_to(adv[..., None], shape) > 0) & (r > 1.28)
+    np.testing.assert_allclose(float(out["clip_grad_share_high"]), a[high].sum() / a.sum(), rtol=1e-5)
+    with pytest.raises(ValueError, match="clip_grad_share"):
+        ObjectiveConfig(kind="gdpo", advantage="gdpo_pair", clip_grad_share=True)

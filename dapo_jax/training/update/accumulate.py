@@ -39,14 +39,15 @@ def with_pass_values(entropy, pass_entropy):
 
 
 def policy_sums(loss_terms: Callable, objective, mb, logp, entropy, *, mask, nll_weight, stats: dict,
-                pass_values: dict, use_ref: bool):
+                pass_values: dict, use_ref: bool, grad_norms=None):
     """`(loss_sum, (den, metrics, extra))` of the policy objective on one piece of a mini-batch.
 
     mb: the piece's `Batch` fields `[P, G, T]` (old_logp, advantages, ref_logp, behaviour_logp);
     logp, entropy `[P, G, T]`: this forward's, 0 off the trained tokens; mask: the loss mask `[P, G, T]`
     (the response mask, restricted to a packed chunk's groups); nll_weight: VAPO's NLL weights or None;
     stats: the batch-level statistics; pass_values: the no-gradient pass's per-token values (`entropy`,
-    `logp`, `priority`), whose values the objective sees (`with_pass_values`)."""
+    `logp`, `priority`), whose values the objective sees (`with_pass_values`); grad_norms: the output layer's
+    per-token gradient norms `[P, G, T]` for the `clip_grad_share` diagnostic, or None."""
     entropy = with_pass_values(entropy, pass_values.get("entropy"))
     logp = with_pass_values(logp, pass_values.get("logp"))  # Clip-Cov / KL-Cov: the pass's values
     extra_terms = dict(stats)  # the batch-level statistics the objective uses, if any
@@ -56,6 +57,8 @@ def policy_sums(loss_terms: Callable, objective, mb, logp, entropy, *, mask, nll
         extra_terms["behaviour_logp"] = mb.behaviour_logp
     if nll_weight is not None:
         extra_terms["nll_weight"] = nll_weight
+    if grad_norms is not None:
+        extra_terms["grad_norms"] = grad_norms
     loss_sum, den, metrics = loss_terms(
         objective, logp=logp, old_logp=mb.old_logp, advantages=mb.advantages, mask=mask,
         ref_logp=mb.ref_logp if use_ref else None, entropy=entropy, **extra_terms,

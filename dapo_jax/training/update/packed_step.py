@@ -42,7 +42,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from dapo_jax.data.packing import pack_with_tail, tail_heights
-from dapo_jax.models.logprobs import token_logprobs
+from dapo_jax.models.logprobs import output_grad_norms, token_logprobs
 from dapo_jax.objectives.diagnostics import combine_metrics
 from dapo_jax.objectives.loss import objective_terms
 from dapo_jax.parallel.host import to_host
@@ -53,12 +53,16 @@ from dapo_jax.training.update.train_step import (Batch, TrainState, _joined, bat
                                          batch_statistics_of, with_entropy_coef)
 
 
-def packed_logprobs(model, tokens, segment_ids, positions, targets, *, temperature, branch_ids=None):
-    """log π(target) and entropy `[R, L]` at every packed position (one model call on the chunk)."""
+def packed_logprobs(model, tokens, segment_ids, positions, targets, *, temperature, branch_ids=None,
+                    grad_norms: bool = False):
+    """log π(target) and entropy `[R, L]` at every packed position (one model call on the chunk); with
+    `grad_norms` also the output layer's per-token gradient norms (`logprobs.output_grad_norms`)."""
     hidden, _ = model(tokens, positions, (segment_ids > 0).astype(jnp.int32), segment_ids=segment_ids,
                       branch_ids=branch_ids)
     w = model.output_embedding().astype(model.config.dtype)  # same casts as response_logprobs
-    return token_logprobs(hidden.astype(w.dtype), w, targets, temperature=temperature)
+    h = hidden.astype(w.dtype)
+    out = token_logprobs(h, w, targets, temperature=temperature)
+    return (*out, output_grad_norms(h, w, targets, temperature=temperature)) if grad_norms else out
 
 
 def minibatch_prompts(num_prompts: int, num_minibatches: int, micro_batches: int) -> list[np.ndarray]:
@@ -102,6 +106,7 @@ class PackedUpdate:
         self.put = put or jnp.asarray
         self._quantile = getattr(objective, "high_entropy_quantile", None)
         self._eda = bool(getattr(objective, "entropy_driven_advantage", False))
+        self.grad_norms = bool(getattr(objective, "clip_grad_share", False))  # the diagnostic's extra pass
         self._stats_fn, self._policy_pass = batch_statistics_of(objective, loss_terms)
         self._zero = None  # zero_acc's program: built at its first call, from a chunk's metric names
         self._zero_lock = threading.Lock()  # one program, also when `stages` runs on a compile-ahead thread
@@ -147,17 +152,18 @@ class PackedUpdate:
         stats, pass_values = stats  # the statistics and the per-token values `[P, G, T]` of the no-gradient pass
         tokens, segs, pos, targets, branches, index, valid, groups = chunk
         model = nnx.merge(self.graphdef, frozen, params) if frozen is not None else nnx.merge(self.graphdef, params)
-        logp, entropy = packed_logprobs(model, tokens, segs, pos, targets, temperature=self.temperature,
-                                        branch_ids=branches if self.share_prompts else None)  # splash takes none
+        logp, entropy, *norms = packed_logprobs(model, tokens, segs, pos, targets, temperature=self.temperature,
+                                                branch_ids=branches if self.share_prompts else None,  # splash: none
+                                                grad_norms=self.grad_norms)
         if mini.context_mask is not None:  # an episode: its context-only tokens are in the forward, not the loss
             valid = valid & (mini.response_mask > 0)
-        logp = jnp.where(valid, logp.reshape(-1)[index], 0.0)
-        entropy = jnp.where(valid, entropy.reshape(-1)[index], 0.0)
+        logp, entropy, *norms = (jnp.where(valid, x.reshape(-1)[index], 0.0) for x in (logp, entropy, *norms))
         in_chunk = groups[:, None, None]
         return policy_sums(self.loss_terms, self.objective, mini, logp, entropy,
                            mask=mini.response_mask * in_chunk.astype(mini.response_mask.dtype),
                            nll_weight=None if mini.nll_weight is None else mini.nll_weight * in_chunk,
-                           stats=stats, pass_values=pass_values or {}, use_ref=self.use_ref)
+                           stats=stats, pass_values=pass_values or {}, use_ref=self.use_ref,
+                           grad_norms=norms[0] if norms else None)
 
     def _add_chunk(self, acc, params, mini, chunk, stats, frozen):
         (loss_sum, (den, metrics, extra)), grads = jax.value_and_grad(self._chunk_loss, has_aux=True)(

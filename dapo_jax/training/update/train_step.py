@@ -106,21 +106,24 @@ def init_train_state(params, tx: optax.GradientTransformation) -> TrainState:
     return TrainState(params, tx.init(params), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
 
 
-def batch_logprobs(graphdef, params, mb: Batch, *, temperature):
-    """`policy_logprobs` of a (micro-)batch: over its context tokens, 0 off its trained ones."""
+def batch_logprobs(graphdef, params, mb: Batch, *, temperature, grad_norms: bool = False):
+    """`policy_logprobs` of a (micro-)batch: over its context tokens, 0 off its trained ones (and the output
+    layer's per-token gradient norms with `grad_norms`, the `clip_grad_share` diagnostic)."""
     context = mb.response_mask if mb.context_mask is None else mb.context_mask
-    logp, entropy = policy_logprobs(graphdef, params, mb.prompt_ids, mb.prompt_mask, mb.response_ids, context,
-                                    temperature=temperature)
+    out = policy_logprobs(graphdef, params, mb.prompt_ids, mb.prompt_mask, mb.response_ids, context,
+                          temperature=temperature, grad_norms=grad_norms)
     if mb.context_mask is None:
-        return logp, entropy
-    return tuple(jnp.where(mb.response_mask > 0, x, 0.0) for x in (logp, entropy))
+        return out
+    return tuple(jnp.where(mb.response_mask > 0, x, 0.0) for x in out)
 
 
-def policy_logprobs(graphdef, params, prompt_ids, prompt_mask, response_ids, response_mask, *, temperature):
+def policy_logprobs(graphdef, params, prompt_ids, prompt_mask, response_ids, response_mask, *, temperature,
+                    grad_norms: bool = False):
     """log π(response tokens) `[P, G, T]` and entropy `[P, G, T]`; each prompt `[P, S]` shared by its G responses.
     `params`: an nnx.State, or a tuple of States merged together (LoRA: `(frozen base, adapters)`)."""
     model = nnx.merge(graphdef, *params) if isinstance(params, tuple) else nnx.merge(graphdef, params)
-    return response_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=temperature)
+    return response_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=temperature,
+                             grad_norms=grad_norms)
 
 
 def batch_level_statistics(mini: Batch, logprobs: Callable, *, objective, stats_fn, quantile, eda, policy_pass,
@@ -214,6 +217,7 @@ def make_train_step(
 
     quantile = getattr(objective, "high_entropy_quantile", None)
     eda = bool(getattr(objective, "entropy_driven_advantage", False))
+    grad_norms = bool(getattr(objective, "clip_grad_share", False))
     stats_fn, policy_pass = batch_statistics_of(objective, loss_terms)
 
     def entropy_stats(params, mini: Batch, frozen=None, step=None):
@@ -232,9 +236,11 @@ def make_train_step(
 
         def micro_loss(params, piece):
             mb, values = piece  # a micro-batch and its values of the no-gradient pass (or None)
-            logp, entropy = batch_logprobs(graphdef, _joined(frozen, params), mb, temperature=temperature)
+            logp, entropy, *norms = batch_logprobs(graphdef, _joined(frozen, params), mb, temperature=temperature,
+                                                   grad_norms=grad_norms)
             return policy_sums(loss_terms, objective, mb, logp, entropy, mask=mb.response_mask,
-                               nll_weight=mb.nll_weight, stats=stats, pass_values=values or {}, use_ref=use_ref)
+                               nll_weight=mb.nll_weight, stats=stats, pass_values=values or {}, use_ref=use_ref,
+                               grad_norms=norms[0] if norms else None)
 
         (gsum, loss_sum, den, extra), metrics = scan_pieces(micro_loss, params, (mini, pass_values), zero_sums(params))
         return apply_accumulated(tx, schedule, carry, gsum, loss_sum, den, extra, combine_stacked(metrics))

@@ -75,6 +75,8 @@ CASES = [  # (recipe, overrides, num_minibatches, micro_batches, chunk rows: Non
     # a sequence-level off-policy mask on behaviour_logp
     ("edge_grpo", {"high_entropy_quantile": 0.5, "entropy_coef": 0.01, "off_policy_correction": "seq_mask",
                    "off_policy_cap": 1.5}, 1, 2, G),
+    # the clipped tokens' share of the output layer's gradient norms (a diagnostic: one more pass)
+    ("dapo", {"clip_grad_share": True, "eps_low": 0.05, "eps_high": 0.05}, 1, 2, G),
 ]
 
 
@@ -94,6 +96,10 @@ def test_packed_update_equals_unpacked(name, overrides, n, m, rows):
     assert int(state_p.step) == int(state_u.step) == n
     if rows == G:  # the small chunks really split each mini-batch
         assert packed.packing_stats(batch)["chunks"] > n
+    if objective.clip_grad_share:  # the batch's old log-probs are noise: both clips bind somewhere
+        assert 0 < float(met_u["clip_grad_share_high"]) < 1 and 0 < float(met_u["clip_grad_share_low"]) < 1
+    else:
+        assert "clip_grad_share_high" not in met_u
 
 
 @pytest.fixture(scope="module")
