@@ -29,7 +29,9 @@ _WEIGHTING_CORRECTIONS = ("token_tis", "seq_tis", "icepop")
 
 # Losses whose ratio clip is PPO's trust region: there, eps_high < eps_low would be "clip-lower".
 # CISPO clips a detached importance weight instead; its usual lower bound is 0 (eps_low = 1).
-_TRUST_REGION_LOSSES = ("clipped_surrogate", "gspo", "gspo_token")
+# GSPO's sequence-level clip ranges are tiny (3e-4 / 4e-4): there eps_high < eps_low is taken for swapped values. A
+# token-level clip may lean either way: scripts/clip_grid.py runs eps_low 0.3 against eps_high 0.2 (issue 46's grid).
+_TRUST_REGION_LOSSES = ("gspo", "gspo_token")
 
 
 class ObjectiveConfig(BaseModel):

@@ -18,7 +18,7 @@ def test_defaults_are_dapo():
 @pytest.mark.parametrize(
     "kwargs, field",
     [
-        (dict(eps_low=0.3, eps_high=0.2), "eps_high"),
+        (dict(policy_loss="gspo", eps_low=4e-4, eps_high=3e-4), "eps_high"),
         (dict(eps_low=0.0), "eps_low"),
         (dict(eps_high=-1.0), "eps_high"),
         (dict(dual_clip_c=1.0), "dual_clip_c"),
@@ -53,6 +53,19 @@ def test_invalid_values_name_the_field(kwargs, field):
 def test_cispo_may_have_eps_low_above_eps_high():
     c = ObjectiveConfig(policy_loss="cispo", eps_low=1.0, eps_high=0.28)
     assert c.eps_low == 1.0
+
+
+def test_a_token_clip_may_be_wider_below_than_above():
+    import numpy as np
+
+    from dapo_jax.objectives.policy_loss import clipped_surrogate
+
+    c = ObjectiveConfig(eps_low=0.3, eps_high=0.2)
+    ratio = np.array([[[0.6, 0.75, 1.15, 1.3]]], np.float32)
+    pg, _ = clipped_surrogate(np.log(ratio), np.zeros_like(ratio), np.array([[[-1.0, -1.0, 1.0, 1.0]]],
+                                                np.float32), np.ones_like(ratio), eps_low=c.eps_low, eps_high=c.eps_high)
+    # ℓ = −min(ρA, clip(ρ, 0.7, 1.2)A): A < 0 clipped below 0.7, A > 0 above 1.2
+    np.testing.assert_allclose(np.asarray(pg)[0, 0], [0.7, 0.75, -1.15, -1.2], rtol=1e-6)
 
 
 def test_frozen_hashable_and_static_under_jit():

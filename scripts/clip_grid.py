@@ -1,0 +1,112 @@
+"""Clip-higher where the clip binds: DAPO's off-policy regime over a grid of clip ranges, and a random-reward arm.
+
+    python scripts/clip_grid.py [CONFIG] [--seeds 5] [--steps 60] [--eval-every 20] [--jobs 2]
+                                [--rows l0.2-h0.2,l0.2-h0.28] [--out docs/clip_grid.md] [--runs-dir runs/clip_grid]
+
+CONFIG (default the main job, cot_dapo) is DAPO as `scripts/ablate.py --regime off-policy` runs it: each rollout
+batch split into 16 optimizer steps (DAPO: 512 prompts per rollout in mini-batches of 32) at its lr, KL 0,
+soft overlong punishment, token-level loss, dynamic sampling. The rows differ in the clip range alone,
+ε_low ∈ LOWS × ε_high ∈ HIGHS, plus `random`: DAPO's 0.2 / 0.28 trained on `scripts/random_reward.py`,
+a reward with no signal. Every row logs the clipped tokens' share of the gradient
+(`objective.clip_grad_share`: the share of the output layer's per-token gradient norms that falls on clipped
+tokens) beside their share of the tokens (`clip_frac_*`). Seeds vary the sampling and the prompts' order.
+
+Runs go to RUNS_DIR/ROW/seedS, `--jobs` at a time, resumable; the page (tables, tests, DAPO's Fig. 2 as
+entropy curves) is rebuilt from the runs with `--report-only`, also from kept runs (`--runs-dir results/...`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiment.py, ablate.py beside this script
+
+import ablate  # noqa: E402
+from experiment import (  # noqa: E402
+    add_run_arguments, available_cores, default_config, finish, pick_rows, run_all, run_one, use_compile_cache,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+LOWS = (0.1, 0.2, 0.3)
+HIGHS = (0.2, 0.28)
+RANDOM_REWARD = "reward.functions=[{name: scripts/random_reward.py:score}]"  # relative to REPO, the runs' cwd
+
+
+@dataclasses.dataclass(frozen=True)
+class Row(ablate.Row):
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    extra: tuple[str, ...] = ()  # overrides of this row only (the random arm's reward)
+
+
+def define_rows(base) -> list[Row]:
+    """The grid (DAPO's off-policy recipe, as ablate's off-policy regime builds it, with each clip range) and the
+    random-reward arm at DAPO's 0.2 / 0.28."""
+    settings = ablate.technique_settings(base)
+    recipe = ["soft_overlong", "token_loss", "dynamic_sampling"] + (["overlong_filtering"] if base.overlong_filtering else [])
+    objective = {}
+    for t in ablate.TECHNIQUES:
+        objective.update(settings[t][0 if t in recipe else 1])
+
+    def make(key, label, low, high, extra=()):
+        return Row(key, label, frozenset(recipe), {**objective, "eps_low": low, "eps_high": high,
+                                                   "clip_grad_share": True}, low, high, extra)
+
+    rows = [make(f"l{low}-h{high}", f"ε_low {low}, ε_high {high}", low, high) for low in LOWS for high in HIGHS]
+    return rows + [make("random", "random reward, ε_low 0.2, ε_high 0.28", 0.2, 0.28, (RANDOM_REWARD,))]
+
+
+def job(plan: ablate.Plan, row: Row, seed: int):
+    j = ablate.job(plan, row, seed)
+    return dataclasses.replace(j, overrides=(*j.overrides, *row.extra))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("config", nargs="?", type=Path, default=None, help="a DAPO run config (default: cot_dapo)")
+    ap.add_argument("--seeds", type=int, default=5, help="seeds per row (train.seed = CONFIG's + 0..N-1)")
+    ap.add_argument("--steps", type=int, default=60, help="training steps per run")
+    ap.add_argument("--eval-every", type=int, default=20, help="held-out evaluation period")
+    ap.add_argument("--lr", type=float, default=None, help=f"the lr (default ablate's OFF_POLICY_LR, {ablate.OFF_POLICY_LR})")
+    ap.add_argument("--rows", default=None, help="comma-separated row keys (default: all)")
+    ap.add_argument("--out", type=Path, default=REPO / "docs" / "clip_grid.md", help="the page")
+    ap.add_argument("--runs-dir", type=Path, default=REPO / "runs" / "clip_grid")
+    add_run_arguments(ap)
+    args = ap.parse_args(argv)
+    os.chdir(REPO)  # the random arm names its reward by a path relative to the working directory
+    from dapo_jax.training.config.paths import find_config
+    from dapo_jax.training.config.run import load_config
+
+    config = find_config(args.config) if args.config else default_config()
+    cfg = load_config(config, args.extra)
+    plan = ablate.make_plan(config, cfg, steps=args.steps, eval_every=args.eval_every, seeds=args.seeds,
+                            runs_dir=args.runs_dir.resolve(), extra=tuple(args.extra), regime="off-policy", lr=args.lr)
+    rows = pick_rows(define_rows(cfg.objective_config), args.rows)
+    if rows is None:
+        return 2
+    for row in rows:  # every row's config validates before any training starts
+        load_config(config, list(job(plan, row, plan.seeds[0]).overrides))
+    print(f"[clip_grid] {config}: {len(rows)} rows x {len(plan.seeds)} seeds, {plan.steps} steps, "
+          f"eval every {plan.eval_every}, runs in {plan.runs_dir}", flush=True)
+    if not args.no_compile_cache:
+        use_compile_cache(plan.runs_dir)
+    if args.only:
+        key, _, seed = args.only.partition("/")
+        row = next(r for r in rows if r.key == key)
+        return 1 if run_one(job(plan, row, int(seed)), args.name or args.only, "clip_grid") else 0
+    argv = list(argv if argv is not None else sys.argv[1:])
+    jobs = [job(plan, row, seed) for seed in plan.seeds for row in rows]  # seed-major: a partial grid is balanced
+    n_jobs = args.jobs if args.jobs is not None else min(len(available_cores()), 8)
+    failed = [] if args.report_only else run_all(jobs, n_jobs=n_jobs, script=__file__, argv=argv, tag="clip_grid")
+    from clip_grid_report import write
+
+    missing = write(args.out, plan, rows, argv)
+    return finish("clip_grid", failed, missing)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

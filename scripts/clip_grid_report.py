@@ -1,0 +1,216 @@
+"""The page of `scripts/clip_grid.py`: tables, tests and figures from the grid's runs (kept or fresh).
+
+    write(out, plan, rows, argv) -> the runs left out (unfinished)
+
+Per run (`summaries`): ablate's outcome, dynamics and clip summaries, and the clipped tokens' share of the
+output layer's per-token gradient norms (`clip_grad_share_high` / `_low`), each a mean over steps.
+Comparisons (`comparisons`), one family under Holm's correction: clip-higher (ε_high 0.28 against 0.2) at each
+ε_low; ε_low 0.1 and 0.3 against 0.2 at each ε_high; the random-reward arm against the same clip on the task's
+reward; and, per row, the gradient share against the token share of the same runs (paired).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from pathlib import Path
+
+import numpy as np
+
+import ablate
+import significance
+from experiment import FINDINGS_PLACEHOLDER, column, machine, markdown_table, rel, series, smooth, write_page
+
+GRAD_COLUMNS = [  # (header, summary key, digits)
+    ("clip high: tokens", "clip_high", 4), ("clip high: gradient", "grad_high", 4),
+    ("clip low: tokens", "clip_low", 4), ("clip low: gradient", "grad_low", 4),
+    ("A>0, π_old < 1/(1+ε_high)", "clip_high_possible", 4), ("upper-clipped: mean π_old", "high_clip_p_old_mean", 3),
+    ("lower-clipped: mean π_old", "low_clip_p_old_mean", 3),
+]
+OUTCOME_COLUMNS = [("held-out acc. final", "final_acc", 3), ("best", "best_acc", 3), ("pass@k final", "final_pass", 3),
+                   ("samples generated", "samples", 0), ("wall time (s)", "wall_s", 0)]
+DYNAMICS_COLUMNS = [("H gen. end", "ent_gen_end", 3), ("H gen. min", "ent_gen_min", 3), ("H update end", "ent_upd_end", 3),
+                    ("length mean", "len_mean", 2), ("length drift", "len_drift", 2), ("truncated", "trunc", 3),
+                    ("zero-adv. groups", "zero_adv", 3), ("gen. rounds", "gen_rounds", 2)]
+NAMES = {key: name for name, key, _ in OUTCOME_COLUMNS + DYNAMICS_COLUMNS + GRAD_COLUMNS}
+TASK_METRICS = ("ent_gen_end", "ent_gen_min", "final_acc", "final_pass")  # what DAPO's Fig. 2 reads
+RANDOM_METRICS = ("ent_gen_end", "ent_gen_min", "len_drift")  # the random arm's accuracy is its reward's noise
+
+
+def grad_summary(run: dict) -> dict:
+    """Means over steps of the clipped tokens' gradient shares (runs without the diagnostic: {})."""
+    out = {}
+    for name, key in (("grad_high", "clip_grad_share_high"), ("grad_low", "clip_grad_share_low")):
+        _, y = series(run["rows"], key)
+        if len(y):
+            out[name] = float(y.mean())
+    return out
+
+
+def summaries(plan, rows) -> tuple[dict, dict, list[str]]:
+    """Row key -> per-seed summaries, row key -> per-seed runs, and the runs not finished."""
+    by_key, runs, _, missing = ablate.summarize_all(plan, rows, None)
+    for key, summary in by_key.items():
+        for s, run in zip(summary, runs[key]):
+            s.update(grad_summary(run))
+    return by_key, runs, missing
+
+
+def pairs(rows) -> list[tuple[str, object, object, tuple[str, ...]]]:
+    """(what, row a, row b, metrics): the grid's comparisons, a against b."""
+    by = {(r.eps_low, r.eps_high, bool(r.extra)): r for r in rows}
+    out = []
+    lows = sorted({r.eps_low for r in rows if not r.extra})
+    highs = sorted({r.eps_high for r in rows if not r.extra})
+    for low in lows:
+        for high in highs[1:]:
+            if (low, high, False) in by and (low, highs[0], False) in by:
+                out.append((f"ε_high {high} vs {highs[0]} at ε_low {low}", by[low, high, False], by[low, highs[0], False],
+                            TASK_METRICS))
+    mid = 0.2 if 0.2 in lows else lows[len(lows) // 2] if lows else None
+    for high in highs:
+        for low in lows:
+            if low != mid and (low, high, False) in by and (mid, high, False) in by:
+                out.append((f"ε_low {low} vs {mid} at ε_high {high}", by[low, high, False], by[mid, high, False],
+                            TASK_METRICS))
+    for r in rows:
+        if r.extra and (r.eps_low, r.eps_high, False) in by:
+            out.append(("random reward vs the task's", r, by[r.eps_low, r.eps_high, False], RANDOM_METRICS))
+    return out
+
+
+def comparisons(rows, by_key: dict) -> str:
+    """The comparison table (Welch, bootstrap interval, Holm over every test of the table)."""
+    found = []
+    for what, a, b, metrics in pairs(rows):
+        for key in metrics:
+            va = [v for v in column(by_key.get(a.key, []), key) if v is not None]
+            vb = [v for v in column(by_key.get(b.key, []), key) if v is not None]
+            if va and vb:
+                found.append((what, a, b, key, va, vb, significance.compare(va, vb)))
+    for r in rows:  # the gradient share against the token share, in the same runs
+        for side in ("high", "low"):
+            s = [x for x in by_key.get(r.key, []) if f"grad_{side}" in x and f"clip_{side}" in x]
+            if s:
+                found.append((f"{side} clip: gradient vs token share", r, r, f"grad_{side}",
+                              [x[f"grad_{side}"] for x in s], [x[f"clip_{side}"] for x in s],
+                              significance.compare([x[f"grad_{side}"] for x in s], [x[f"clip_{side}"] for x in s],
+                                                   is_paired=True)))
+    adjusted = significance.holm([c.p for *_, c in found])
+    lines = ["| comparison | a → b | metric | a | b | Δ [95% interval] | p | Holm p | verdict |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for (what, a, b, key, va, vb, c), p_adj in zip(found, adjusted):
+        interval = f" [{c.low:+.4f}, {c.high:+.4f}]" if c.low is not None else ""
+        p = f"{c.p:.3f}" if c.p is not None else "–"
+        holm = f"{p_adj:.3f}" if p_adj is not None else "–"
+        pair = f"`{a.key}`" if a is b else f"`{a.key}` → `{b.key}`"
+        name = NAMES.get(key, key) if a is not b else f"{NAMES[key]} − {NAMES['clip_' + key[5:]]} (paired)"
+        lines.append(f"| {what} | {pair} | {name} | {np.mean(va):.4f} | {np.mean(vb):.4f} | {c.delta:+.4f}{interval} | "
+                     f"{p} | {holm} | {significance.verdict(c, p_adj)} |")
+    return "\n".join(lines) + "\n\n" + significance.legend(significance.family_size(adjusted))
+
+
+def styles(rows) -> dict:
+    """ε_low by colour, ε_high by line (0.2 dashed), the random arm grey."""
+    lows = sorted({r.eps_low for r in rows})
+    return {r.label: {"color": "0.5" if r.extra else f"C{lows.index(r.eps_low)}",
+                      "linestyle": ":" if r.extra else ("--" if r.eps_high <= r.eps_low or r.eps_high == 0.2 else "-")}
+            for r in rows}
+
+
+def figures(out_dir: Path, rows, runs: dict, steps: int) -> list[Path]:
+    """DAPO's Fig. 2 (entropy of the generated responses, held-out accuracy) and the clip's token and gradient
+    shares per step, every row; per-step metrics smoothed over 5% of the steps."""
+    from dapo_jax.plot import Panel, plot_panels
+
+    w = max(1, steps // 20)
+    specs = {
+        "clip_grid_fig2": ("Clip ranges, 16 updates per rollout (DAPO Fig. 2)", [
+            ("Entropy of all generated responses", "nats / token", "entropy_generated"),
+            ("Held-out accuracy (random arm: its own reward)", "avg@k", "eval/accuracy")]),
+        "clip_grid_shares": ("Where the clip binds: tokens and gradient", [
+            ("Upper clip: share of update tokens", "fraction", "clip_frac_high"),
+            ("Upper clip: share of the output layer's gradient", "fraction", "clip_grad_share_high"),
+            ("Lower clip: share of the output layer's gradient", "fraction", "clip_grad_share_low")]),
+    }
+    written = []
+    for name, (title, panel_specs) in specs.items():
+        panels = []
+        for ptitle, ylabel, metric in panel_specs:
+            data = {}
+            for row in rows:
+                curves = [series(run["rows"], metric) for run in runs.get(row.key, [])]
+                curves = [(x, y if metric.startswith("eval/") else smooth(y, w)) for x, y in curves if len(x)]
+                if curves:
+                    data[row.label] = curves
+            panels.append(Panel(ptitle, "training step", ylabel, data))
+        path = plot_panels(out_dir / f"{name}.png", panels, suptitle=title, styles=styles(rows))
+        if path is not None:
+            written.append(path)
+    return written
+
+
+def write(out: Path, plan, rows, argv: list[str]) -> list[str]:
+    by_key, runs, missing = summaries(plan, rows)
+    figs = figures(out.parent / "figures", rows, runs, plan.steps)
+    fig_lines = "\n".join(f"![{p.stem}]({os.path.relpath(p, out.parent)})" for p in figs)
+    row_lines = "\n".join(f"| {r.label} | `{r.key}` | {r.eps_low} | {r.eps_high} | "
+                          f"{'`scripts/random_reward.py`' if r.extra else 'the task (`cot`)'} |" for r in rows)
+    text = f"""# Clip-higher where the clip binds
+
+Generated by `scripts/clip_grid.py`; the tables and figures are rewritten by every run of it.
+
+DAPO's recipe (soft overlong punishment, token-level loss, dynamic sampling, KL 0) with each rollout batch split
+into 16 optimizer steps, as DAPO's 512 prompts in mini-batches of 32, so the later mini-batches are trained by
+a policy that has moved from the π_old that sampled them. The rows differ in the clip range alone; the last one
+trains on a reward with no signal. Besides the share of the update's tokens the clip stops (`clip_frac_*`),
+every run logs their share of the gradient (`objective.clip_grad_share`): each token's output-layer gradient
+norm `|A|·ρ·‖h‖·‖e_y − p‖/τ` as the unclipped surrogate would give it, summed over the clipped tokens and
+divided by the sum over all tokens.
+
+- Command: `python scripts/clip_grid.py {" ".join(argv)}`
+- Config: `{rel(plan.config)}`, {plan.steps} steps, evaluation every {plan.eval_every} steps, {len(plan.seeds)} seeds
+  ({", ".join(map(str, plan.seeds))}: `train.seed` and `data.order_seed`), runs in `{rel(plan.runs_dir)}/ROW/seedS`
+- Shared overrides (every row): {", ".join(f"`{o}`" for o in plan.common)}, and each row's
+  `objective.eps_low` / `objective.eps_high`, `objective.clip_grad_share=true`
+- Machine: {machine()}
+- Date: {datetime.date.today().isoformat()}
+{"- Unfinished or failed runs, left out of the tables: " + ", ".join(missing) if missing else ""}
+
+| row | run folder | ε_low | ε_high | reward |
+|---|---|---|---|---|
+{row_lines}
+
+## Results
+
+Mean ± sd over seeds. Held-out accuracy is avg@k at the final evaluation (best: the best one); the random arm's
+is scored by its own reward, so it is noise by construction.
+
+{markdown_table(rows, by_key, OUTCOME_COLUMNS)}
+
+Training dynamics: H gen. = entropy of the sampling distribution over all generated responses, "end" = mean
+over the last 10% of steps, "min" = the minimum of its 10%-of-steps moving average; length drift = mean length
+over the last 10% of steps minus the first 10%; other columns are means over steps.
+
+{markdown_table(rows, by_key, DYNAMICS_COLUMNS)}
+
+Where the clip binds: the share of the update's tokens it stops ("tokens") and their share of the output layer's
+per-token gradient norms ("gradient"), each a mean over steps; the tokens the upper clip could reach at all
+(A > 0, π_old < 1/(1+ε_high)); the mean π_old of the clipped tokens (token-weighted over all steps).
+
+{markdown_table(rows, by_key, GRAD_COLUMNS)}
+
+Comparisons, one family: each a difference of seed means (Welch) or, for the gradient against the token
+share, of the same runs (paired).
+
+{comparisons(rows, by_key)}
+
+## Figures
+
+Mean curve and ±1 sd band over seeds; per-step metrics smoothed over 5% of the steps.
+
+{fig_lines}
+
+{FINDINGS_PLACEHOLDER}"""
+    write_page(out, text)
+    return missing
