@@ -1,0 +1,98 @@
+"""scripts/clip_grid.py: the grid's rows differ in the clip range alone (the random arm in its reward alone), the
+random reward carries no signal, and the page's tables and tests are what the runs' metrics give."""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from dapo_jax.training.config.run import load_config
+from tests.conftest import load_script
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "dapo_jax" / "configs" / "tiny_dapo.yaml"
+
+clip_grid = load_script("clip_grid")
+ablate = sys.modules["ablate"]
+random_reward = load_script("random_reward")
+
+
+def test_rows_differ_in_the_clip_range_alone_and_the_random_arm_in_its_reward(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)  # the random arm's reward is named relative to the checkout
+    cfg = load_config(TINY)
+    plan = ablate.make_plan(TINY, cfg, steps=4, eval_every=2, seeds=1, runs_dir=tmp_path, regime="off-policy")
+    rows = clip_grid.define_rows(cfg.objective_config)
+    assert [r.key for r in rows] == ["l0.1-h0.2", "l0.1-h0.28", "l0.2-h0.2", "l0.2-h0.28", "l0.3-h0.2", "l0.3-h0.28",
+                                     "random"]
+    runs = {r.key: load_config(TINY, list(clip_grid.job(plan, r, 0).overrides)) for r in rows}
+    ref = runs["l0.2-h0.28"].model_dump()
+    for key, run in runs.items():
+        o = run.objective_config
+        assert o.clip_grad_share and o.kl_beta == 0.0 and o.dynamic_sampling and o.loss_agg == "token_mean"
+        assert run.optim.num_minibatches == ablate.off_policy_minibatches(cfg) > 1
+        row = next(r for r in rows if r.key == key)
+        assert (o.eps_low, o.eps_high) == (row.eps_low, row.eps_high)
+        dumped = run.model_dump()
+        diff = {s for s in dumped if dumped[s] != ref[s]}
+        if key == "random":
+            assert diff == {"reward", "train"}  # train: its run folder
+            assert [f["name"] for f in dumped["reward"]["functions"]] == ["scripts/random_reward.py:score"]
+        else:
+            assert diff <= {"objective", "train"}
+            changed = {k for k, v in dumped["objective"].items() if v != ref["objective"][k]}
+            assert changed <= {"eps_low", "eps_high"}
+
+
+def test_random_reward_is_a_fair_coin_fixed_per_text():
+    texts = [f"Answer: {i}" for i in range(2000)]
+    scores = [random_reward.score(t, "7") for t in texts]
+    assert set(scores) == {1.0, -1.0} and 900 < scores.count(1.0) < 1100
+    assert [random_reward.score(t, "3") for t in texts[:50]] == scores[:50]  # the answer plays no part
+
+
+def write_run(path: Path, *, acc: float, entropy: float, clip_high: float, grad_high: float):
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(json.dumps({"rollout": {"G": 4}}))
+    lines = [{"step": 0, "eval/accuracy": 0.2, "eval/pass@4": 0.4}]
+    for s in range(1, 5):
+        lines.append({"step": s, "entropy_generated": entropy, "entropy": entropy, "generated_groups": 4,
+                      "response_length_mean": 10.0, "response_length_std": 1.0, "truncated_fraction": 0.0,
+                      "clip_frac_low": 0.01, "clip_frac_high": clip_high, "zero_adv_fraction": 0.1, "gen_rounds": 1.0,
+                      "clip_grad_share_high": grad_high, "clip_grad_share_low": 0.05})
+    lines.append({"step": 4, "eval/accuracy": acc, "eval/pass@4": acc + 0.2})
+    (path / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    (path / ablate.DONE_FILE).write_text(json.dumps({"steps": 4, "wall_s": [3.0]}))
+
+
+def test_the_page_is_the_runs_tables_and_tests(tmp_path, monkeypatch):
+    import dapo_jax.training.loop as loop
+
+    monkeypatch.chdir(tmp_path)  # main() moves to the checkout; monkeypatch moves back
+
+    def fake_train(cfg):  # ε_high 0.28 ends with more entropy in every seed; the gradient share is 10x the tokens'
+        o, seed = cfg.objective_config, cfg.train.seed
+        write_run(Path(cfg.train.run_dir), acc=0.3 + 0.01 * seed, entropy=(0.5 if o.eps_high > 0.2 else 0.3) + 0.01 * seed,
+                  clip_high=0.001 * (1 + seed), grad_high=0.01 * (1 + seed))
+        return {}
+
+    monkeypatch.setattr(loop, "train", fake_train)
+    out = tmp_path / "clip_grid.md"
+    argv = [str(TINY), "--steps", "4", "--eval-every", "2", "--seeds", "3", "--out", str(out),
+            "--runs-dir", str(tmp_path / "runs"), "--no-compile-cache", "--jobs", "1"]
+    assert clip_grid.main(argv) == 0
+    text = out.read_text()
+    assert "## Findings" in text and "Placeholder" in text
+    line = next(x for x in text.splitlines() if x.startswith("| ε_high 0.28 vs 0.2 at ε_low 0.2 |")
+                and "H gen. end" in x)
+    cells = [c.strip() for c in line.split("|")]
+    assert cells[4:6] == ["0.5100", "0.3100"] and cells[6].startswith("+0.2000")  # seeds 0-2: 0.50, 0.51, 0.52
+    # the gradient share against the token share, paired within each row's runs
+    paired = next(x for x in text.splitlines() if x.startswith("| high clip: gradient vs token share | `l0.1-h0.2` |"))
+    cells = [c.strip() for c in paired.split("|")]
+    assert cells[4:6] == ["0.0200", "0.0020"] and cells[6].startswith("+0.0180")
+    n_tests = sum(1 for x in text.splitlines() if x.startswith("| ") and ("separable" in x or "no test" in x))
+    # 3 clip-higher pairs and 4 ε_low pairs x 4 metrics, the random arm x 3, 7 rows x 2 sides
+    assert n_tests == 3 * 4 + 4 * 4 + 3 + 14
+    assert (tmp_path / "figures" / "clip_grid_fig2.png").exists()
+    assert "`scripts/random_reward.py`" in text
