@@ -1,14 +1,13 @@
 """The DAPO ablation ladder in miniature, one command.
 
-    python scripts/ablate.py [CONFIG] [--regime on-policy|off-policy] [--seeds 3] [--steps N] [--quick]
-                             [--rows grpo,dapo] [--jobs 2] [--out docs/ablation.md] [--runs-dir runs/ablate]
-                             [--target ACC] [--lr LR]
+    python scripts/ablate.py [CONFIG] [--seeds 3] [--steps N] [--quick] [--rows grpo,dapo] [--jobs 2]
+                             [--out docs/ablation.md] [--runs-dir runs/ablate] [--target ACC]
 
 CONFIG (a recipe's name or a YAML file; default the main job, cot_dapo) is a DAPO run. Every row of
 the ladder is that run with objective overrides only; each row x seed is one
 `dapo_jax.training.loop.train` run in RUNS_DIR/ROW/seedS, `--jobs` of them at a time (each in its own
-process, on one core, with one XLA thread; `--jobs 1`: one after another in this process). `--regime
-on-policy` (the default) is the ladder of DAPO's Table 1, in its order, each row adding one technique:
+process, on one core, with one XLA thread; `--jobs 1`: one after another in this process). The rows are
+the ladder of DAPO's Table 1, in its order, each row adding one technique:
 
     naive GRPO                  clip 0.2/0.2, seq_mean_token_mean, no dynamic sampling, no overlong shaping
     + overlong filtering        truncated responses left out of the loss
@@ -21,14 +20,6 @@ on-policy` (the default) is the ladder of DAPO's Table 1, in its order, each row
 Row keys (--rows, run folders): grpo, filter, clip, soft, token, dapo, dapo-eq8. `--set KEY=VALUE`
 adds a non-objective override to every row (e.g. data.eval_size).
 
-`--regime off-policy` is clip-higher in the regime DAPO's Figure 2 comes from: each rollout batch
-split into OFF_POLICY_MINIBATCHES optimizer steps (DAPO: 512 prompts per rollout in mini-batches of
-32; here as many as the batch allows, up to 16), at `--lr` (default OFF_POLICY_LR, chosen so that the
-symmetric clip is stable at first), two rows: `dapo-clip` (full DAPO with a symmetric 0.2/0.2 clip)
-and `dapo` (DAPO's 0.2/0.28). Its page (default docs/ablation_off_policy.md) adds DAPO's Figure 3:
-the π_old of the tokens clipped at the upper and at the lower bound (the objective's
-`clip_high_p_old_K` / `clip_low_p_old_K` histograms) and the ratio distribution.
-
 Every row gets the same model, data, lr, G, batch, steps, seed(s), evaluation and KL 0; the
 generation batch is the training batch for all rows, so a row without dynamic sampling trains on
 everything it generates, and rows with it refill in as many rounds as CONFIG's generation budget
@@ -38,7 +29,8 @@ Compiled programs are cached in RUNS_DIR/.jax_cache and shared by the rows. A re
 command skips finished runs and resumes unfinished ones from their newest checkpoint. It then writes
 a markdown report (mean ± sd over seeds; command, machine, date) to --out and figures in the spirit
 of DAPO's Figures 2-6 to docs/figures/ablation_*.png (beside --out). `--quick`: one seed and a tenth
-of the steps (at least 10), evaluated 4 times, in runs/ablate_quick (runs/ablate_off_policy_quick).
+of the steps (at least 10), evaluated 4 times, in runs/ablate_quick. Clip ranges in DAPO's off-policy
+regime (16 optimizer steps per rollout) are `scripts/clip_grid.py`'s.
 """
 
 from __future__ import annotations
@@ -58,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiment.py beside
 
 from experiment import (  # noqa: E402
     finish, FINDINGS_PLACEHOLDER, DONE_FILE, SINGLE_THREAD_XLA, Job, add_run_arguments, column, default_config,
-    default_target, fmt_cell, is_finished, machine, markdown_table, mean_sd, pick_rows, read_run, rel,
+    default_target, fmt_cell, is_finished, machine, markdown_table, pick_rows, read_run, rel,
     run_all, run_one, series, smooth, summarize_run, use_compile_cache, value_at, write_page, yaml_value,
 )
 
@@ -77,17 +69,6 @@ TECHNIQUE_LABELS = {"overlong_filtering": "overlong filtering", "clip_higher": "
 TECHNIQUE_KEYS = {"overlong_filtering": "filter", "clip_higher": "clip", "soft_overlong": "soft",
                   "token_loss": "token", "dynamic_sampling": "dapo", "group_norm": "dapo-eq8"}
 LADDER = TECHNIQUES[:5]  # Table 1's rungs
-
-# The off-policy regime: DAPO makes 16 optimizer steps per rollout batch (512 prompts, mini-batches of
-# 32). OFF_POLICY_LR: 8x the updates of the on-policy ladder (2 per rollout) at its lr 2e-4 move the
-# policy ~8x as far per step. 30-step pilots of the symmetric-clip row on cot_dapo: at 2e-4 the train
-# accuracy fell from 0.19 to 0.06 within 8 steps, at 1e-4 held-out accuracy went 0.215 -> 0.255 -> 0.212
-# (steps 0/10/30), at 5e-5 0.215 -> 0.305 -> 0.390: the largest of the three that is stable
-# (docs/ablation_off_policy.md, "How the regime was set").
-OFF_POLICY_MINIBATCHES = 16
-OFF_POLICY_LR = 5.0e-5
-REGIMES = ("on-policy", "off-policy")
-
 
 @dataclasses.dataclass(frozen=True)
 class Row:
@@ -114,12 +95,10 @@ def technique_settings(base) -> dict[str, tuple[dict, dict]]:
     }
 
 
-def define_rows(base, regime: str = "on-policy") -> tuple[list[Row], list[tuple[Row, Row]]]:
+def define_rows(base) -> tuple[list[Row], list[tuple[Row, Row]]]:
     """The cumulative ladder of DAPO's Table 1, then DAPO with Eq. 8's per-group token mean; and the
     (dropped, same as) pairs: a row whose objective equals an earlier row's is not run twice (without
-    soft overlong punishment in CONFIG that rung equals the one before it). The off-policy regime:
-    CONFIG's DAPO (no overlong filtering unless CONFIG has it) with a symmetric clip, then with
-    clip-higher."""
+    soft overlong punishment in CONFIG that rung equals the one before it)."""
     settings = technique_settings(base)
 
     def make(key, label, on):
@@ -128,11 +107,6 @@ def define_rows(base, regime: str = "on-policy") -> tuple[list[Row], list[tuple[
             objective.update(settings[t][0 if t in on else 1])
         return Row(key, label, frozenset(on), objective)
 
-    if regime == "off-policy":
-        low, high = settings["clip_higher"][0]["eps_low"], settings["clip_higher"][0]["eps_high"]
-        recipe = ["soft_overlong", "token_loss", "dynamic_sampling"] + (["overlong_filtering"] if base.overlong_filtering else [])
-        return [make("dapo-clip", f"symmetric clip {low}/{low}", recipe),
-                make("dapo", f"clip-higher {low}/{high}", recipe + ["clip_higher"])], []
     rows = [make("grpo", "naive GRPO", [])]
     for i, t in enumerate(LADDER):
         full = t == "dynamic_sampling"
@@ -158,30 +132,20 @@ class Plan:
     seeds: tuple[int, ...]
     runs_dir: Path
     common: tuple[str, ...]  # overrides shared by every row
-    regime: str = "on-policy"
-
-
-def off_policy_minibatches(cfg) -> int:
-    """The most optimizer steps per rollout batch up to OFF_POLICY_MINIBATCHES that the batch splits into
-    (whole micro-batches, each divisible over the mesh's data x fsdp devices)."""
-    unit = cfg.optim.micro_batches * cfg.mesh.data * cfg.mesh.fsdp
-    return max(n for n in range(1, OFF_POLICY_MINIBATCHES + 1) if cfg.rollout.train_batch % (n * unit) == 0)
 
 
 def make_plan(config: Path, cfg, *, steps: int, eval_every: int, seeds: int, runs_dir: Path,
-              extra: tuple[str, ...] = (), regime: str = "on-policy", lr: float | None = None) -> Plan:
+              extra: tuple[str, ...] = ()) -> Plan:
     """`cfg` is CONFIG loaded with the `extra` overrides (`--set`), which every row gets too."""
     r = cfg.rollout
     budget = r.gen_batch * r.max_gen_batches  # prompts one step may generate under dynamic sampling
-    off = () if regime == "on-policy" else (
-        f"optim.num_minibatches={off_policy_minibatches(cfg)}", f"optim.lr={yaml_value(lr or OFF_POLICY_LR)}")
     common = (
         f"rollout.gen_batch={r.train_batch}",
         f"rollout.max_gen_batches={max(1, math.ceil(budget / r.train_batch))}",
         f"train.steps={steps}", f"train.eval_every={eval_every}", "train.progress=false",
-        "objective.kl_beta=0.0", *off, *extra,
+        "objective.kl_beta=0.0", *extra,
     )
-    return Plan(config, steps, eval_every, tuple(cfg.train.seed + i for i in range(seeds)), runs_dir, common, regime)
+    return Plan(config, steps, eval_every, tuple(cfg.train.seed + i for i in range(seeds)), runs_dir, common)
 
 
 def run_dir(plan: Plan, row: Row, seed: int) -> Path:
@@ -272,13 +236,6 @@ DYNAMICS_COLUMNS = [
     ("clip low", "clip_low", 4), ("clip high", "clip_high", 4), ("zero-adv. groups", "zero_adv", 3),
     ("length-only groups", "length_only", 3), ("gen. rounds", "gen_rounds", 2),
 ]
-CLIP_COLUMNS = [
-    ("A>0, π_old < 1/(1+ε_high)", "clip_high_possible", 4),
-    ("clip high", "clip_high", 4), ("clip high, last 10%", "clip_high_end", 4), ("clip high, max step", "clip_high_max", 4),
-    ("clip low", "clip_low", 4), ("A>0, ρ in [1.2, 1.28)", "ratio_pos_between", 4), ("A>0, ρ ≥ 1.28", "ratio_pos_above", 4),
-    ("upper-clipped: π_old < 0.2", "high_clip_p_old_lt02", 3), ("upper-clipped: mean π_old", "high_clip_p_old_mean", 3),
-    ("lower-clipped: π_old < 0.2", "low_clip_p_old_lt02", 3), ("lower-clipped: mean π_old", "low_clip_p_old_mean", 3),
-]
 
 # Per technique, the metrics DAPO's paper says it moves (and held-out accuracy for all).
 EFFECT_METRICS = {
@@ -338,21 +295,9 @@ FIGURES = {
         ("Truncated responses", "fraction of generated", "truncated_fraction", "step"),
         ("Held-out accuracy", "avg@k", "eval/accuracy", "step")]),
 }
-OFF_POLICY_FIGURES = {
-    "ablation_off_policy_fig2": ("Clip-higher, 16 updates per rollout (DAPO Fig. 2)", ["dapo-clip", "dapo"], [
-        ("Entropy of all generated responses", "nats / token", "entropy_generated", "step"),
-        ("Held-out accuracy", "avg@k", "eval/accuracy", "step"),
-        ("Held-out pass@k", "pass@k", "eval/pass@4", "step")]),
-    "ablation_off_policy_clip": ("Where the clip binds, per step", ["dapo-clip", "dapo"], [
-        ("Upper clip binds (A>0, ρ>1+ε_high)", "fraction of update tokens", "clip_frac_high", "step"),
-        ("Lower clip binds (A<0, ρ<1−ε_low)", "fraction of update tokens", "clip_frac_low", "step"),
-        ("A>0 with ρ in [1.2, 1.28)", "fraction of update tokens", "ratio_pos_5", "step")]),
-}
-
-
 def row_styles(rows: list[Row]) -> dict[str, dict]:
-    """One colour per row in every figure; DAPO variants (and the off-policy symmetric clip) dashed."""
-    order = ["grpo", *TECHNIQUE_KEYS.values(), "dapo-clip"]
+    """One colour per row in every figure; DAPO variants dashed."""
+    order = ["grpo", *TECHNIQUE_KEYS.values()]
     return {row.label: {"color": f"C{order.index(row.key) % 10}",
                         "linestyle": "--" if row.key.startswith("dapo-") else "-"} for row in rows}
 
@@ -385,76 +330,6 @@ def write_figures(out_dir: Path, rows: list[Row], runs: dict[str, list[dict]], s
     return written
 
 
-def clip_histograms(runs: list[dict]) -> dict[str, np.ndarray]:
-    """Per seed, the token counts of the whole run in each bin: {"high" / "low": [seeds, 10] (π_old of
-    the upper- / lower-clipped tokens), "pos": [seeds, 7] (ρ of the A > 0 tokens)}."""
-    out = {"high": [], "low": [], "pos": []}
-    for run in runs:
-        rows = [r for r in run["rows"] if "clip_high_p_old_0" in r and r.get("update_tokens")]
-        if not rows:
-            continue
-        tokens = np.array([r["update_tokens"] for r in rows], float)[:, None]
-        for name, prefix, n in (("high", "clip_high_p_old_", 10), ("low", "clip_low_p_old_", 10), ("pos", "ratio_pos_", 7)):
-            out[name].append((np.array([[r[f"{prefix}{k}"] for k in range(n)] for r in rows]) * tokens).sum(0))
-    return {k: np.array(v) for k, v in out.items() if v}
-
-
-def write_fig3(path: Path, rows: list[Row], runs: dict[str, list[dict]]) -> Path | None:
-    """DAPO's Figure 3 in miniature: the π_old of the tokens clipped at the upper bound and at the lower
-    bound (share of that side's clipped tokens per 0.1 bin; bars: all seeds pooled, whiskers: sd over
-    seeds), and the ratio distribution of the A > 0 tokens (fraction of update tokens, log scale)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from dapo_jax.objectives.diagnostics import RATIO_EDGES
-
-    hists = {row.key: clip_histograms(runs.get(row.key, [])) for row in rows}
-    if not any(h.get("high") is not None for h in hists.values()):
-        return None
-    styles = row_styles(rows)
-    fig, axes = plt.subplots(1, 3, figsize=(15, 3.6), dpi=110)
-    width = 0.8 / max(1, len(rows))
-    for i, row in enumerate(rows):
-        h = hists[row.key]
-        color = styles[row.label]["color"]
-        for ax, side in zip(axes[:2], ("high", "low")):
-            if side not in h or h[side].sum() == 0:
-                continue
-            pooled = h[side].sum(0) / h[side].sum()
-            per_seed = h[side] / np.maximum(h[side].sum(1, keepdims=True), 1e-12)
-            err = per_seed.std(0, ddof=1) if len(per_seed) > 1 else None
-            x = np.arange(10) * 0.1 + 0.05 + (i - (len(rows) - 1) / 2) * width * 0.1
-            ax.bar(x, pooled, width=width * 0.1, color=color, yerr=err, capsize=2,
-                   label=f"{row.label} ({int(h[side].sum()):,} tokens)")
-        if "pos" in h:
-            total = h["pos"].sum()  # A > 0 tokens; as a fraction of them
-            x = np.arange(len(RATIO_EDGES) + 1) + (i - (len(rows) - 1) / 2) * width
-            axes[2].bar(x, h["pos"].sum(0) / max(total, 1e-12), width=width, color=color, label=row.label)
-    for ax, title in zip(axes[:2], ("Clipped at the upper bound (A>0, ρ>1+ε_high)",
-                                    "Clipped at the lower bound (A<0, ρ<1−ε_low)")):
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("π_old of the clipped token")
-        ax.set_ylabel("share of that side's clipped tokens")
-        ax.set_xticks(np.arange(0, 1.01, 0.2))
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-    edges = ["<0.8", *[f"[{a},{b})" for a, b in zip(RATIO_EDGES, RATIO_EDGES[1:])], f"≥{RATIO_EDGES[-1]}"]
-    axes[2].set_xticks(np.arange(len(edges)), edges, fontsize=7)
-    axes[2].set_yscale("log")
-    axes[2].set_title("Ratio ρ = π_θ/π_old of the A>0 tokens", fontsize=9)
-    axes[2].set_ylabel("share of A>0 update tokens")
-    axes[2].legend(fontsize=7)
-    axes[2].grid(alpha=0.3)
-    fig.suptitle("Which tokens the clip stops (DAPO Fig. 3): all steps, all seeds", fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
-
-
 # ----------------------------------------------------------------------------- the report
 def _fields(fields: dict) -> str:
     return ", ".join(f"`{k}={yaml_value(v)}`" for k, v in fields.items())
@@ -476,35 +351,14 @@ def row_definitions(rows: list[Row], settings: dict[str, tuple[dict, dict]],
     return "\n".join(lines)
 
 
-REGIME_TEXT = {
-    "on-policy": ("The DAPO ablation ladder in miniature", ""),
-    "off-policy": ("Clip-higher in DAPO's off-policy regime", """
-Each rollout batch is split into many optimizer steps (`optim.num_minibatches` in the shared
-overrides), as in DAPO (512 prompts per rollout in mini-batches of 32: 16 steps), so the later
-mini-batches are trained by a policy that has moved away from the π_old that sampled them and the clip
-can bind. The two rows are full DAPO with a symmetric clip and with clip-higher. `docs/ablation.md` is
-the on-policy ladder (2 updates per rollout), where the clip binds on 0.01-0.02% of the tokens.
-"""),
-}
-
-
 def write_report(out: Path, plan: Plan, rows: list[Row], dropped: list, settings: dict, summaries: dict,
                  runs: dict, target: float | None, figures: list[Path], command: str, missing: list[str]) -> str:
     n_seeds = len(plan.seeds)
     figs = "\n".join(f"![{p.stem}]({os.path.relpath(p, out.parent)})" for p in figures)
-    title, intro = REGIME_TEXT[plan.regime]
-    clip_section = "" if plan.regime == "on-policy" else f"""
-Where the clip binds (fractions of update tokens, means over steps unless said; "upper-clipped: π_old
-< 0.2" = the share of the tokens clipped at the upper bound whose probability under π_old was below
-0.2, token-weighted over all steps; the `clip_high_p_old_K` / `clip_low_p_old_K` / `ratio_pos_K`
-histograms of `dapo_jax/objectives/diagnostics.py`):
-
-{markdown_table(rows, summaries, CLIP_COLUMNS)}
-"""
-    text = f"""# {title}
+    text = f"""# The DAPO ablation ladder in miniature
 
 Generated by `scripts/ablate.py`; the tables and figures are rewritten by every run of it.
-{intro}
+
 - Command: `{command}`
 - Config: `{rel(plan.config)}`, {plan.steps} steps, evaluation every {plan.eval_every} steps,
   {n_seeds} seed(s) ({", ".join(map(str, plan.seeds))}: `train.seed`), runs in `{rel(plan.runs_dir)}/ROW/seedS`
@@ -546,7 +400,7 @@ within-step sd). Truncated, clip low/high (fraction of update tokens clipped, `c
 zero-adv. groups (generated groups whose rewards are all equal) and gen. rounds: means over steps.
 
 {markdown_table(rows, summaries, DYNAMICS_COLUMNS)}
-{clip_section}
+
 Each technique's effect, row pair by row pair: the difference of the seed means (seeds vary the
 sampling and the order of the training prompts), Welch's test and a bootstrap interval.
 
@@ -567,27 +421,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("config", nargs="?", type=Path, default=None, help="a DAPO run config: a recipe's "
                     "name or a YAML file (default: the main job, cot_dapo)")
-    ap.add_argument("--regime", choices=REGIMES, default="on-policy",
-                    help="on-policy: the ladder; off-policy: clip-higher with many updates per rollout")
     ap.add_argument("--seeds", type=int, default=3, help="seeds per row (train.seed = CONFIG's + 0..N-1)")
     ap.add_argument("--steps", type=int, default=None, help="training steps per run (default: CONFIG's; --quick: a tenth)")
     ap.add_argument("--eval-every", type=int, default=None,
                     help="held-out evaluation period (default: steps / 10; --quick: steps / 4)")
-    ap.add_argument("--lr", type=float, default=None, help=f"off-policy regime: the lr (default {OFF_POLICY_LR})")
     ap.add_argument("--quick", action="store_true", help="one seed, a tenth of the steps")
     ap.add_argument("--rows", default=None, help="comma-separated row keys to run (default: all)")
     ap.add_argument("--target", type=float, default=None, help="held-out accuracy target (default: step-0 mean + 0.2)")
     ap.add_argument("--out", type=Path, default=None,
-                    help="the report (default: docs/ablation.md; off-policy: docs/ablation_off_policy.md)")
+                    help="the report (default: docs/ablation.md)")
     ap.add_argument("--figures-dir", type=Path, default=None, help="default: figures/ beside --out")
     ap.add_argument("--runs-dir", type=Path, default=None,
-                    help="default: runs/ablate or runs/ablate_off_policy (+ _quick with --quick)")
+                    help="default: runs/ablate (runs/ablate_quick with --quick)")
     add_run_arguments(ap)
     args = ap.parse_args(argv)
     if args.seeds < 1:
         ap.error("--seeds must be >= 1")
-    if args.lr is not None and args.regime != "off-policy":
-        ap.error("--lr is the off-policy regime's (the ladder keeps CONFIG's lr)")
     return args
 
 
@@ -600,17 +449,16 @@ def main(argv=None) -> int:
 
     config = find_config(args.config) if args.config else default_config()  # a recipe's name or a file
     cfg = load_config(config, args.extra)
-    off = args.regime == "off-policy"
     steps = args.steps or (max(10, cfg.train.steps // 10) if args.quick else cfg.train.steps)
     seeds = 1 if args.quick else args.seeds
-    name = "ablate_off_policy" if off else "ablate"
+    name = "ablate"
     runs_dir = args.runs_dir or REPO / "runs" / (name + ("_quick" if args.quick else ""))
-    out = args.out or REPO / "docs" / ("ablation_off_policy.md" if off else "ablation.md")
+    out = args.out or REPO / "docs" / "ablation.md"
     eval_every = args.eval_every or max(1, steps // (4 if args.quick else 10))
     plan = make_plan(config, cfg, steps=steps, eval_every=eval_every, seeds=seeds, runs_dir=runs_dir,
-                     extra=tuple(args.extra), regime=args.regime, lr=args.lr)
+                     extra=tuple(args.extra))
     settings = technique_settings(cfg.objective_config)
-    rows, dropped = define_rows(cfg.objective_config, args.regime)
+    rows, dropped = define_rows(cfg.objective_config)
     for row, same in dropped:
         print(f"[ablate] {row.label} is the same run as {same.label} ({same.key}): not run twice", flush=True)
     rows = pick_rows(rows, args.rows)
@@ -618,7 +466,7 @@ def main(argv=None) -> int:
         return 2
     for row in rows:  # every row's config must validate before hours of training start
         load_config(config, run_overrides(plan, row, plan.seeds[0]))
-    print(f"[ablate] {config} ({args.regime}): {len(rows)} rows x {len(plan.seeds)} seed(s), {steps} steps each, "
+    print(f"[ablate] {config}: {len(rows)} rows x {len(plan.seeds)} seed(s), {steps} steps each, "
           f"eval every {plan.eval_every}, runs in {runs_dir}", flush=True)
     if not args.no_compile_cache:
         use_compile_cache(runs_dir)
@@ -633,16 +481,13 @@ def main(argv=None) -> int:
 
     summaries, runs, target, missing = summarize_all(plan, rows, args.target)
     figures_dir = args.figures_dir or out.parent / "figures"
-    figures = write_figures(figures_dir, rows, runs, steps, OFF_POLICY_FIGURES if off else FIGURES)
-    if off:
-        fig3 = write_fig3(figures_dir / "ablation_off_policy_fig3.png", rows, runs)
-        figures += [fig3] if fig3 is not None else []
+    figures = write_figures(figures_dir, rows, runs, steps, FIGURES)
     command = " ".join(["python", "scripts/ablate.py", *argv])
     write_report(out, plan, rows, dropped, settings, summaries, runs, target, figures, command, missing)
     print(f"\ntarget held-out accuracy: {target}\n")
     print(markdown_table(rows, summaries, OUTCOME_COLUMNS))
     print()
-    print(markdown_table(rows, summaries, CLIP_COLUMNS if off else DYNAMICS_COLUMNS))
+    print(markdown_table(rows, summaries, DYNAMICS_COLUMNS))
     print(f"\n[ablate] wrote {out} and {len(figures)} figure(s)", flush=True)
     return finish("ablate", failed, missing)
 

@@ -3,9 +3,10 @@
     python scripts/clip_grid.py [CONFIG] [--seeds 5] [--steps 60] [--eval-every 20] [--jobs 2]
                                 [--rows l0.2-h0.2,l0.2-h0.28] [--out docs/clip_grid.md] [--runs-dir runs/clip_grid]
 
-CONFIG (default the main job, cot_dapo) is DAPO as `scripts/ablate.py --regime off-policy` runs it: each rollout
-batch split into 16 optimizer steps (DAPO: 512 prompts per rollout in mini-batches of 32) at its lr, KL 0,
-soft overlong punishment, token-level loss, dynamic sampling. The rows differ in the clip range alone,
+CONFIG (default the main job, cot_dapo) is run as `scripts/ablate.py` runs its rows (the generation batch is the
+training batch, KL 0, each seed varies the sampling and the prompts' order) with DAPO's recipe (soft overlong
+punishment, token-level loss, dynamic sampling) and each rollout batch split into OFF_POLICY_MINIBATCHES
+optimizer steps (DAPO: 512 prompts per rollout in mini-batches of 32) at OFF_POLICY_LR. The rows differ in the clip range alone,
 ε_low ∈ LOWS × ε_high ∈ HIGHS, plus `random`: DAPO's 0.2 / 0.28 trained on `scripts/random_reward.py`,
 a reward with no signal. Every row logs the clipped tokens' share of the gradient
 (`objective.clip_grad_share`: the share of the output layer's per-token gradient norms that falls on clipped
@@ -28,11 +29,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiment.py, ablat
 import ablate  # noqa: E402
 from experiment import (  # noqa: E402
     add_run_arguments, available_cores, default_config, finish, pick_rows, run_all, run_one, use_compile_cache,
+    yaml_value,
 )
 
 REPO = Path(__file__).resolve().parents[1]
 LOWS = (0.1, 0.2, 0.3)
 HIGHS = (0.2, 0.28)
+# DAPO makes 16 optimizer steps per rollout batch. OFF_POLICY_LR: 30-step pilots of the symmetric clip (0.2/0.2)
+# on cot_dapo, 2026-11-25: at 2e-4 (the ladder's lr, 2 steps per rollout) the train accuracy fell from 0.19 to
+# 0.06 within 8 steps; at 1e-4 held-out accuracy went 0.215 -> 0.255 -> 0.212 (steps 0/10/30); at 5e-5
+# 0.215 -> 0.305 -> 0.390: the largest of the three that was stable.
+OFF_POLICY_MINIBATCHES = 16
+OFF_POLICY_LR = 5.0e-5
 RANDOM_REWARD = "reward.functions=[{name: scripts/random_reward.py:score}]"  # relative to REPO, the runs' cwd
 
 
@@ -44,7 +52,7 @@ class Row(ablate.Row):
 
 
 def define_rows(base) -> list[Row]:
-    """The grid (DAPO's off-policy recipe, as ablate's off-policy regime builds it, with each clip range) and the
+    """The grid (DAPO's recipe, with overlong filtering only if CONFIG has it, at each clip range) and the
     random-reward arm at DAPO's 0.2 / 0.28."""
     settings = ablate.technique_settings(base)
     recipe = ["soft_overlong", "token_loss", "dynamic_sampling"] + (["overlong_filtering"] if base.overlong_filtering else [])
@@ -60,6 +68,21 @@ def define_rows(base) -> list[Row]:
     return rows + [make("random", "random reward, ε_low 0.2, ε_high 0.28", 0.2, 0.28, (RANDOM_REWARD,))]
 
 
+def off_policy_minibatches(cfg) -> int:
+    """The most optimizer steps per rollout batch up to OFF_POLICY_MINIBATCHES that the batch splits into
+    (whole micro-batches, each divisible over the mesh's data x fsdp devices)."""
+    unit = cfg.optim.micro_batches * cfg.mesh.data * cfg.mesh.fsdp
+    return max(n for n in range(1, OFF_POLICY_MINIBATCHES + 1) if cfg.rollout.train_batch % (n * unit) == 0)
+
+
+def make_plan(config: Path, cfg, *, steps: int, eval_every: int, seeds: int, runs_dir: Path, lr: float | None = None,
+              extra: tuple[str, ...] = ()) -> ablate.Plan:
+    """ablate's plan with the off-policy regime's mini-batches and lr; `cfg` is CONFIG with the `extra` overrides."""
+    off = (f"optim.num_minibatches={off_policy_minibatches(cfg)}", f"optim.lr={yaml_value(lr or OFF_POLICY_LR)}")
+    return ablate.make_plan(config, cfg, steps=steps, eval_every=eval_every, seeds=seeds, runs_dir=runs_dir,
+                            extra=(*off, *extra))
+
+
 def job(plan: ablate.Plan, row: Row, seed: int):
     j = ablate.job(plan, row, seed)
     return dataclasses.replace(j, overrides=(*j.overrides, *row.extra))
@@ -71,7 +94,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=5, help="seeds per row (train.seed = CONFIG's + 0..N-1)")
     ap.add_argument("--steps", type=int, default=60, help="training steps per run")
     ap.add_argument("--eval-every", type=int, default=20, help="held-out evaluation period")
-    ap.add_argument("--lr", type=float, default=None, help=f"the lr (default ablate's OFF_POLICY_LR, {ablate.OFF_POLICY_LR})")
+    ap.add_argument("--lr", type=float, default=None, help=f"the lr (default OFF_POLICY_LR, {OFF_POLICY_LR})")
     ap.add_argument("--rows", default=None, help="comma-separated row keys (default: all)")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "clip_grid.md", help="the page")
     ap.add_argument("--runs-dir", type=Path, default=REPO / "runs" / "clip_grid")
@@ -83,8 +106,8 @@ def main(argv=None) -> int:
 
     config = find_config(args.config) if args.config else default_config()
     cfg = load_config(config, args.extra)
-    plan = ablate.make_plan(config, cfg, steps=args.steps, eval_every=args.eval_every, seeds=args.seeds,
-                            runs_dir=args.runs_dir.resolve(), extra=tuple(args.extra), regime="off-policy", lr=args.lr)
+    plan = make_plan(config, cfg, steps=args.steps, eval_every=args.eval_every, seeds=args.seeds,
+                     runs_dir=args.runs_dir.resolve(), lr=args.lr, extra=tuple(args.extra))
     rows = pick_rows(define_rows(cfg.objective_config), args.rows)
     if rows is None:
         return 2

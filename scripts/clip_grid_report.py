@@ -24,8 +24,9 @@ from experiment import FINDINGS_PLACEHOLDER, column, machine, markdown_table, re
 GRAD_COLUMNS = [  # (header, summary key, digits)
     ("clip high: tokens", "clip_high", 4), ("clip high: gradient", "grad_high", 4),
     ("clip low: tokens", "clip_low", 4), ("clip low: gradient", "grad_low", 4),
-    ("A>0, π_old < 1/(1+ε_high)", "clip_high_possible", 4), ("upper-clipped: mean π_old", "high_clip_p_old_mean", 3),
-    ("lower-clipped: mean π_old", "low_clip_p_old_mean", 3),
+    ("A>0, π_old < 1/(1+ε_high)", "clip_high_possible", 4), ("A>0, ρ in [1.2, 1.28)", "ratio_pos_between", 4),
+    ("upper-clipped: π_old < 0.2", "high_clip_p_old_lt02", 3), ("upper-clipped: mean π_old", "high_clip_p_old_mean", 3),
+    ("lower-clipped: π_old < 0.2", "low_clip_p_old_lt02", 3), ("lower-clipped: mean π_old", "low_clip_p_old_mean", 3),
 ]
 OUTCOME_COLUMNS = [("held-out acc. final", "final_acc", 3), ("best", "best_acc", 3), ("pass@k final", "final_pass", 3),
                    ("samples generated", "samples", 0), ("wall time (s)", "wall_s", 0)]
@@ -150,9 +151,81 @@ def figures(out_dir: Path, rows, runs: dict, steps: int) -> list[Path]:
     return written
 
 
+def clip_histograms(runs: list[dict]) -> dict[str, np.ndarray]:
+    """Per seed, the token counts of the whole run in each bin: {"high" / "low": [seeds, 10] (π_old of
+    the upper- / lower-clipped tokens), "pos": [seeds, 7] (ρ of the A > 0 tokens)}."""
+    out = {"high": [], "low": [], "pos": []}
+    for run in runs:
+        rows = [r for r in run["rows"] if "clip_high_p_old_0" in r and r.get("update_tokens")]
+        if not rows:
+            continue
+        tokens = np.array([r["update_tokens"] for r in rows], float)[:, None]
+        for name, prefix, n in (("high", "clip_high_p_old_", 10), ("low", "clip_low_p_old_", 10), ("pos", "ratio_pos_", 7)):
+            out[name].append((np.array([[r[f"{prefix}{k}"] for k in range(n)] for r in rows]) * tokens).sum(0))
+    return {k: np.array(v) for k, v in out.items() if v}
+
+
+def write_fig3(path: Path, rows: list, runs: dict[str, list[dict]]) -> Path | None:
+    """DAPO's Figure 3 in miniature: the π_old of the tokens clipped at the upper bound and at the lower
+    bound (share of that side's clipped tokens per 0.1 bin; bars: all seeds pooled, whiskers: sd over
+    seeds), and the ratio distribution of the A > 0 tokens (fraction of update tokens, log scale)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from dapo_jax.objectives.diagnostics import RATIO_EDGES
+
+    hists = {row.key: clip_histograms(runs.get(row.key, [])) for row in rows}
+    if not any(h.get("high") is not None for h in hists.values()):
+        return None
+    styles_ = styles(rows)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.6), dpi=110)
+    width = 0.8 / max(1, len(rows))
+    for i, row in enumerate(rows):
+        h = hists[row.key]
+        color = styles_[row.label]["color"]
+        for ax, side in zip(axes[:2], ("high", "low")):
+            if side not in h or h[side].sum() == 0:
+                continue
+            pooled = h[side].sum(0) / h[side].sum()
+            per_seed = h[side] / np.maximum(h[side].sum(1, keepdims=True), 1e-12)
+            err = per_seed.std(0, ddof=1) if len(per_seed) > 1 else None
+            x = np.arange(10) * 0.1 + 0.05 + (i - (len(rows) - 1) / 2) * width * 0.1
+            ax.bar(x, pooled, width=width * 0.1, color=color, yerr=err, capsize=2,
+                   label=f"{row.label} ({int(h[side].sum()):,} tokens)")
+        if "pos" in h:
+            total = h["pos"].sum()  # A > 0 tokens; as a fraction of them
+            x = np.arange(len(RATIO_EDGES) + 1) + (i - (len(rows) - 1) / 2) * width
+            axes[2].bar(x, h["pos"].sum(0) / max(total, 1e-12), width=width, color=color, label=row.label)
+    for ax, title in zip(axes[:2], ("Clipped at the upper bound (A>0, ρ>1+ε_high)",
+                                    "Clipped at the lower bound (A<0, ρ<1−ε_low)")):
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("π_old of the clipped token")
+        ax.set_ylabel("share of that side's clipped tokens")
+        ax.set_xticks(np.arange(0, 1.01, 0.2))
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    edges = ["<0.8", *[f"[{a},{b})" for a, b in zip(RATIO_EDGES, RATIO_EDGES[1:])], f"≥{RATIO_EDGES[-1]}"]
+    axes[2].set_xticks(np.arange(len(edges)), edges, fontsize=7)
+    axes[2].set_yscale("log")
+    axes[2].set_title("Ratio ρ = π_θ/π_old of the A>0 tokens", fontsize=9)
+    axes[2].set_ylabel("share of A>0 update tokens")
+    axes[2].legend(fontsize=7)
+    axes[2].grid(alpha=0.3)
+    fig.suptitle("Which tokens the clip stops (DAPO Fig. 3): all steps, all seeds", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def write(out: Path, plan, rows, argv: list[str]) -> list[str]:
     by_key, runs, missing = summaries(plan, rows)
     figs = figures(out.parent / "figures", rows, runs, plan.steps)
+    fig3 = write_fig3(out.parent / "figures" / "clip_grid_fig3.png", rows, runs)
+    figs += [fig3] if fig3 is not None else []
     fig_lines = "\n".join(f"![{p.stem}]({os.path.relpath(p, out.parent)})" for p in figs)
     row_lines = "\n".join(f"| {r.label} | `{r.key}` | {r.eps_low} | {r.eps_high} | "
                           f"{'`scripts/random_reward.py`' if r.extra else 'the task (`cot`)'} |" for r in rows)
@@ -196,7 +269,9 @@ over the last 10% of steps minus the first 10%; other columns are means over ste
 
 Where the clip binds: the share of the update's tokens it stops ("tokens") and their share of the output layer's
 per-token gradient norms ("gradient"), each a mean over steps; the tokens the upper clip could reach at all
-(A > 0, π_old < 1/(1+ε_high)); the mean π_old of the clipped tokens (token-weighted over all steps).
+(A > 0, π_old < 1/(1+ε_high)); those with A > 0 and ρ in [1.2, 1.28), the only ones whose loss clip-higher
+changes; the share of each side's clipped tokens with π_old < 0.2 and their mean π_old (token-weighted over
+all steps; the `clip_high_p_old_K` / `clip_low_p_old_K` histograms, Fig. 3 below).
 
 {markdown_table(rows, by_key, GRAD_COLUMNS)}
 

@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dapo_jax.training.config.paths import CONFIG_DIR
 from dapo_jax.training.config.run import load_config
 from tests.conftest import load_script
 
@@ -355,29 +354,7 @@ def test_findings_followed_by_a_stale_copy_of_the_tables_are_kept_once(tmp_path,
     assert "**Placeholder" not in text
 
 
-# ----------------------------------------------------------------------------- the off-policy regime
-COT = CONFIG_DIR / "cot_dapo.yaml"
-
-
-def test_off_policy_regime_is_dapo_with_and_without_clip_higher_in_many_minibatches(tmp_path):
-    cfg = load_config(COT)
-    plan = ablate.make_plan(COT, cfg, steps=7, eval_every=2, seeds=3, runs_dir=tmp_path, regime="off-policy")
-    rows, dropped = ablate.define_rows(cfg.objective_config, "off-policy")
-    assert [r.key for r in rows] == ["dapo-clip", "dapo"] and not dropped
-    runs = {r.key: load_config(COT, ablate.run_overrides(plan, r, 0)) for r in rows}
-    assert runs["dapo"].objective_config == cfg.objective_config  # full DAPO, CONFIG's own
-    assert changed(runs["dapo"], runs["dapo-clip"]) == {"eps_high"}
-    assert (runs["dapo-clip"].objective_config.eps_low, runs["dapo-clip"].objective_config.eps_high) == (0.2, 0.2)
-    for run in runs.values():  # 16 prompts per rollout: 16 optimizer steps of one group each, at the regime's lr
-        assert run.optim.num_minibatches == 16 and run.optim.lr == ablate.OFF_POLICY_LR
-        assert run.objective_config.dynamic_sampling and run.objective_config.kl_beta == 0.0
-    # as many mini-batches as the batch allows, up to 16
-    assert ablate.off_policy_minibatches(load_config(COT, ["rollout.train_batch=12", "rollout.gen_batch=12"])) == 12
-    assert ablate.off_policy_minibatches(load_config(COT, ["rollout.train_batch=24", "rollout.gen_batch=24"])) == 12
-    other = ablate.make_plan(COT, cfg, steps=7, eval_every=2, seeds=1, runs_dir=tmp_path, regime="off-policy", lr=3e-5)
-    assert load_config(COT, ablate.run_overrides(other, rows[0], 0)).optim.lr == 3e-5
-
-
+# ----------------------------------------------------------------------------- where the clip binds
 def write_clip_run(path: Path, hist_high: list[float], hist_low: list[float], tokens: list[float]):
     """A fake run with the objective's clip histograms: step s has the given fractions times (s)."""
     path.mkdir(parents=True)
@@ -407,13 +384,6 @@ def test_clip_summary_weights_the_steps_by_their_update_tokens(tmp_path):
     assert s["clip_high_possible"] == pytest.approx((100 * 0.1 + 300 * 0.05) / 400)
     assert s["clip_high_max"] == pytest.approx(0.008) and s["clip_high_end"] == pytest.approx(0.008)
     assert ablate.clip_summary({"rows": [{"step": 1, "clip_frac_high": 0.1}], "G": G}) == {}  # older runs: no histograms
-    counts = ablate.clip_histograms([ablate.read_run(tmp_path / "r")])
-    np.testing.assert_allclose(counts["high"][0], 100 * np.array(high) + 600 * np.array(high))
-    np.testing.assert_allclose(counts["pos"][0][:5], [40.0] * 5)
-    rows, _ = ablate.define_rows(load_config(COT).objective_config, "off-policy")
-    path = ablate.write_fig3(tmp_path / "fig3.png", rows, {"dapo": [ablate.read_run(tmp_path / "r")]})
-    assert path is not None and path.stat().st_size > 0
-    assert ablate.write_fig3(tmp_path / "none.png", rows, {}) is None
 
 
 def test_equal_budget_table_interpolates_accuracy_in_samples(tmp_path):

@@ -15,13 +15,15 @@ TINY = REPO / "dapo_jax" / "configs" / "tiny_dapo.yaml"
 
 clip_grid = load_script("clip_grid")
 ablate = sys.modules["ablate"]
+report = sys.modules.get("clip_grid_report") or load_script("clip_grid_report")
 random_reward = load_script("random_reward")
+COT = REPO / "dapo_jax" / "configs" / "cot_dapo.yaml"
 
 
 def test_rows_differ_in_the_clip_range_alone_and_the_random_arm_in_its_reward(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)  # the random arm's reward is named relative to the checkout
     cfg = load_config(TINY)
-    plan = ablate.make_plan(TINY, cfg, steps=4, eval_every=2, seeds=1, runs_dir=tmp_path, regime="off-policy")
+    plan = clip_grid.make_plan(TINY, cfg, steps=4, eval_every=2, seeds=1, runs_dir=tmp_path)
     rows = clip_grid.define_rows(cfg.objective_config)
     assert [r.key for r in rows] == ["l0.1-h0.2", "l0.1-h0.28", "l0.2-h0.2", "l0.2-h0.28", "l0.3-h0.2", "l0.3-h0.28",
                                      "random"]
@@ -30,7 +32,8 @@ def test_rows_differ_in_the_clip_range_alone_and_the_random_arm_in_its_reward(tm
     for key, run in runs.items():
         o = run.objective_config
         assert o.clip_grad_share and o.kl_beta == 0.0 and o.dynamic_sampling and o.loss_agg == "token_mean"
-        assert run.optim.num_minibatches == ablate.off_policy_minibatches(cfg) > 1
+        assert run.optim.num_minibatches == clip_grid.off_policy_minibatches(cfg) > 1
+        assert run.optim.lr == clip_grid.OFF_POLICY_LR
         row = next(r for r in rows if r.key == key)
         assert (o.eps_low, o.eps_high) == (row.eps_low, row.eps_high)
         dumped = run.model_dump()
@@ -96,3 +99,31 @@ def test_the_page_is_the_runs_tables_and_tests(tmp_path, monkeypatch):
     assert n_tests == 3 * 4 + 4 * 4 + 3 + 14
     assert (tmp_path / "figures" / "clip_grid_fig2.png").exists()
     assert "`scripts/random_reward.py`" in text
+
+
+def test_the_regime_is_dapo_with_16_minibatches_at_its_lr():
+    cfg = load_config(COT)
+    plan = clip_grid.make_plan(COT, cfg, steps=7, eval_every=2, seeds=3, runs_dir=Path("/tmp/unused"))
+    rows = clip_grid.define_rows(cfg.objective_config)
+    dapo = load_config(COT, list(clip_grid.job(plan, rows[3], 0).overrides))  # l0.2-h0.28: CONFIG's own objective
+    assert dapo.objective_config.model_copy(update={"clip_grad_share": False}) == cfg.objective_config
+    assert dapo.optim.num_minibatches == 16 and dapo.rollout.gen_batch == dapo.rollout.train_batch == 16
+    # as many mini-batches as the batch allows, up to 16
+    assert clip_grid.off_policy_minibatches(load_config(COT, ["rollout.train_batch=12", "rollout.gen_batch=12"])) == 12
+    assert clip_grid.off_policy_minibatches(load_config(COT, ["rollout.train_batch=24", "rollout.gen_batch=24"])) == 12
+    other = clip_grid.make_plan(COT, cfg, steps=7, eval_every=2, seeds=1, runs_dir=Path("/tmp/unused"), lr=3e-5)
+    assert load_config(COT, list(clip_grid.job(other, rows[0], 0).overrides)).optim.lr == 3e-5
+
+
+def test_fig3_counts_each_seeds_clipped_tokens_by_their_p_old(tmp_path):
+    from tests.scripts.test_ablate import write_clip_run
+
+    high = [0.002, 0.001] + [0.0] * 7 + [0.001]  # per step s: s times these
+    write_clip_run(tmp_path / "r", high, [0.0] * 8 + [0.003, 0.001], tokens=[100.0, 300.0])
+    counts = report.clip_histograms([ablate.read_run(tmp_path / "r")])
+    np.testing.assert_allclose(counts["high"][0], 100 * np.array(high) + 600 * np.array(high))
+    np.testing.assert_allclose(counts["pos"][0][:5], [40.0] * 5)
+    rows = clip_grid.define_rows(load_config(COT).objective_config)
+    path = report.write_fig3(tmp_path / "fig3.png", rows, {"l0.2-h0.28": [ablate.read_run(tmp_path / "r")]})
+    assert path is not None and path.stat().st_size > 0
+    assert report.write_fig3(tmp_path / "none.png", rows, {}) is None
