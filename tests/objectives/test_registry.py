@@ -67,7 +67,7 @@ def test_unknown_key_names_key_and_file(tmp_path):
 
 def test_invalid_value_names_field_and_file(tmp_path):
     path = tmp_path / "bad.yaml"
-    path.write_text("eps_low: 0.3\neps_high: 0.2\n")
+    path.write_text("eps_low: 0.3\neps_high: -0.2\n")
     with pytest.raises(ValueError, match=r"bad\.yaml(.|\n)*eps_high"):
         registry.load_objective(str(path))
     with pytest.raises(ValueError, match="dual_clip_c"):

@@ -93,3 +93,26 @@ def test_the_learning_rate_sweep_in_docs_league_lr_md_is_the_one_the_kept_runs_g
     assert any("| 0." in line for line in table.splitlines()[2:])  # at least one measured cell
     for line in table.splitlines():
         assert line in page, line
+
+
+def test_the_clip_grid_in_docs_clip_grid_md_is_the_one_the_kept_runs_give():
+    """docs/clip_grid.md's tables (the clip ranges and the random arm, 5 seeds, 16 updates per rollout) and its
+    comparisons are what scripts/clip_grid.py reports from the runs kept in results/clip_grid, line for line."""
+    from dapo_jax.training.config.paths import CONFIG_DIR
+    from dapo_jax.training.config.run import load_config
+
+    clip_grid = load_script("clip_grid")
+    report = load_script("clip_grid_report")
+    config = CONFIG_DIR / "cot_dapo.yaml"
+    cfg = load_config(config)
+    plan = clip_grid.make_plan(config, cfg, steps=50, eval_every=25, seeds=5, runs_dir=REPO / "results" / "clip_grid")
+    rows = clip_grid.define_rows(cfg.objective_config)
+    assert sorted(p.name for p in plan.runs_dir.iterdir() if p.is_dir()) == sorted(r.key for r in rows)
+    by_key, _, missing = report.summaries(plan, rows)
+    assert not missing and all(len(v) == 5 for v in by_key.values())
+    page = (REPO / "docs" / "clip_grid.md").read_text()
+    for table in (experiment.markdown_table(rows, by_key, report.OUTCOME_COLUMNS),
+                  experiment.markdown_table(rows, by_key, report.DYNAMICS_COLUMNS),
+                  experiment.markdown_table(rows, by_key, report.GRAD_COLUMNS), report.comparisons(rows, by_key)):
+        for line in table.splitlines():
+            assert line in page, line

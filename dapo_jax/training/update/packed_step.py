@@ -187,7 +187,7 @@ class PackedUpdate:
                 layout = (jax.tree.map(lambda x: x.sharding, params), rep, rep, rep, rep)
 
                 def zero_accumulator(params):
-                    return (*zero_sums(params), {k: _identity(k) for k in names})
+                    return (*zero_sums(params), {k: _identity(k, v[0].shape) for k, v in names.items()})
 
                 self._zero = jax.jit(zero_accumulator, out_shardings=layout)
         return self._zero
@@ -304,10 +304,11 @@ def _chunk_shape(prompt_len: int, response_shape, parts: int, rows: int | None, 
     return rows, tail if 0 < tail < rows else 0, length or prompt_len + t
 
 
-def _identity(name: str):
-    """The neutral (value, count) pair of a metric for `combine_metrics` (sum, _min, _max)."""
+def _identity(name: str, shape: tuple = ()):
+    """The neutral (value, count) pair of a metric for `combine_metrics` (sum, _min, _max), its value `shape`d
+    (a histogram's bins)."""
     v = np.inf if name.endswith("_min") else -np.inf if name.endswith("_max") else 0.0
-    return jnp.full((), v, jnp.float32), jnp.zeros((), jnp.float32)
+    return jnp.full(shape, v, jnp.float32), jnp.zeros((), jnp.float32)
 
 
 def _context(batch):
