@@ -143,7 +143,8 @@ def train(cfg: RunConfig) -> dict:
             EpisodeSource(cfg, programs.engine, policy, stream, agent, tokenizer, scorer, rollout_log, key,
                           batch_sharding(mesh))  # episodes
         learner = Learner(programs, policy, ref_params, batch_sharding(mesh), teacher=teacher,
-                          entropy_control=entropy_controller(objective))  # objective.entropy_target, or None
+                          entropy_control=entropy_controller(objective),  # objective.entropy_target, or None
+                          epochs=cfg.optim.epochs)
         evaluation = Evaluation(programs.generate_eval, policy, eval_stream, tokenizer, scorer.for_eval, eval_key(key),
                                 batch_sharding(mesh), cfg, writer, say, programs.engine_eval, agent)
         monitor = NonFiniteMonitor(cfg.train.max_nonfinite_steps, lambda: max(ckpt.all_steps(), default=None))

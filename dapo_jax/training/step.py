@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 import jax
+import numpy as np
 
 from dapo_jax.objectives.adaptive_entropy import EntropyControl
 from dapo_jax.parallel.host import to_global, to_host
@@ -93,6 +94,7 @@ class Learner:
     teacher: Any = None  # on-policy distillation's frozen teacher (training/update/distill.py), or None
     # objective.entropy_target: `(EntropyControl, entropy) -> EntropyControl` (objectives/adaptive_entropy.py), or None
     entropy_control: Callable | None = None
+    epochs: int = 1  # optim.epochs: passes of the policy update over the step's batch
 
     def advantages(self, params, groups: Groups, critic_state=None):
         """`(Batch, critic batch)` of `groups` on the mesh. GFPO's dropped responses (`groups.selected`) leave
@@ -124,8 +126,13 @@ class Learner:
         return self.programs.step_kwargs(self.policy, entropy_coef)
 
     def update(self, state: TrainState, critic_state, batch, critic_batch, entropy_coef=None):
-        """`(state, critic_state, metrics on the host)` after the step's updates; `entropy_coef`: α_k."""
-        state, metrics = self.programs.train_step(state, batch, **self._step_kwargs(entropy_coef))
+        """`(state, critic_state, metrics on the host)` after the step's updates; `entropy_coef`: α_k. With
+        `epochs` > 1 the policy update passes over the batch that many times (π_old stays the sampler's)."""
+        passes = []
+        for _ in range(self.epochs):
+            state, metrics = self.programs.train_step(state, batch, **self._step_kwargs(entropy_coef))
+            passes.append(metrics)
+        metrics = passes[0] if len(passes) == 1 else epoch_metrics([to_host(m) for m in passes])
         if batch.teacher_logp is not None:  # on-policy distillation: how far the student's samples are
             metrics = {**metrics, "distill/reverse_kl": reverse_kl_mean(batch.old_logp, batch.teacher_logp,
                                                                         batch.response_mask)}
@@ -135,4 +142,20 @@ class Learner:
         return state, critic_state, to_host(metrics)
 
 
-__all__ = ["Learner", "StepResult", "rl_step"]
+def epoch_metrics(passes: list[dict]) -> dict:
+    """One step's metrics from its epochs' (`optim.epochs`): the mean over the passes, the max of `*_max`, the min
+    of `*_min`, the sum of the counts (`update_tokens`, `nonfinite_updates`), the last `skipped_total`; and each
+    pass's clip fractions as `epoch{K}/clip_frac_high` / `_low` (K from 1), where the later passes bind more."""
+    out = {}
+    for key in passes[0]:
+        values = [float(np.asarray(m[key])) for m in passes]
+        out[key] = (max(values) if key.endswith("_max") else min(values) if key.endswith("_min") else
+                    sum(values) if key in ("update_tokens", "nonfinite_updates") else
+                    values[-1] if key == "skipped_total" else float(np.mean(values)))
+    for k, m in enumerate(passes, 1):
+        out.update({f"epoch{k}/{key}": float(np.asarray(m[key])) for key in ("clip_frac_high", "clip_frac_low",
+                                                                            "clip_grad_share_high") if key in m})
+    return out
+
+
+__all__ = ["Learner", "StepResult", "epoch_metrics", "rl_step"]

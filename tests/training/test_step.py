@@ -4,6 +4,7 @@ with overlap the next step's rollout is submitted with this step's params before
 import dataclasses
 
 import numpy as np
+import pytest
 
 from dapo_jax.training.state.run_state import RunState
 from dapo_jax.training.step import StepResult, rl_step
@@ -88,3 +89,32 @@ def test_the_run_state_is_not_mutated():
     rl_step(5, State(0), before, rollouts=Rollouts(make_groups(np.array([[True, False, False, False]])), {}),
             learner=Learner(), group_size=4, prefetch_next=False)
     assert dataclasses.astuple(before)[2:] == dataclasses.astuple(run_state())[2:] and before.step == 4
+
+
+def test_epochs_pass_over_the_same_batch_and_combine_their_metrics():
+    import types
+
+    from dapo_jax.training.step import Learner as RealLearner
+    from dapo_jax.training.step import epoch_metrics
+
+    seen = []
+
+    def train_step(state, batch):  # each pass starts from the state the last one left
+        seen.append((state, batch))
+        k = len(seen)
+        return state + 1, {"loss": np.float32(k), "ratio_max": np.float32(k), "ratio_min": np.float32(-k),
+                           "update_tokens": np.float32(10), "skipped_total": np.float32(k), "clip_frac_high": 0.1 * k}
+
+    programs = types.SimpleNamespace(train_step=train_step, step_kwargs=lambda policy, coef: {}, critic=None)
+    batch = types.SimpleNamespace(teacher_logp=None)
+    learner = RealLearner(programs, policy=None, reference=None, rows=None, epochs=3)
+    state, critic, metrics = learner.update(0, "critic", batch, None)
+    assert state == 3 and critic == "critic" and [s for s, _ in seen] == [0, 1, 2]
+    assert all(b is batch for _, b in seen)  # π_old and the advantages stay the sampler's
+    assert metrics["loss"] == 2.0 and metrics["ratio_max"] == 3.0 and metrics["ratio_min"] == -3.0
+    assert metrics["update_tokens"] == 30.0 and metrics["skipped_total"] == 3.0
+    assert [metrics[f"epoch{k}/clip_frac_high"] for k in (1, 2, 3)] == pytest.approx([0.1, 0.2, 0.3])
+    seen.clear()
+    one = RealLearner(programs, policy=None, reference=None, rows=None).update(0, None, batch, None)[2]
+    assert len(seen) == 1 and "epoch1/clip_frac_high" not in one
+    assert epoch_metrics([{"a": 1.0}, {"a": 3.0}]) == {"a": 2.0}

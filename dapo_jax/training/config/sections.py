@@ -79,7 +79,10 @@ class OptimSection(Section):
     b2: float = Field(default=0.999, ge=0, lt=1)  # Adam's second-moment decay
     eps: float = Field(default=1e-8, gt=0)  # Adam's epsilon
     grad_clip: float | None = Field(default=1.0, gt=0)  # global gradient-norm clip; null = off
-    num_minibatches: int = Field(default=1, gt=0)  # optimizer updates per rollout batch
+    num_minibatches: int = Field(default=1, gt=0)  # optimizer updates per rollout batch (per epoch)
+    # passes over each rollout batch (PPO's epochs), num_minibatches updates each, the same mini-batches in the
+    # same order; the policy's only (a critic makes one). The step's metrics combine the passes (step.epoch_metrics)
+    epochs: int = Field(default=1, gt=0)
     micro_batches: int = Field(default=1, gt=0)  # gradient accumulation within a mini-batch (same update)
     # Padding-free policy update (training/update/packed_step.py): the real tokens of every (prompt, response)
     # packed end to end into chunks of packing_rows x (max_prompt_length + max_new_tokens); same result.
