@@ -93,6 +93,9 @@ class RunConfig(Section):
                                         * shards) == 0,
              f"train_batch={r.train_batch} must split into the critic's num_minibatches x micro_batches x the "
              f"mesh's data*fsdp={shards}"),
+            ("critic.epochs", self.critic_optim.epochs == 1,
+             f"epochs={self.critic_optim.epochs}: the critic makes one pass over each rollout batch (optim.epochs "
+             f"repeats the policy's update only)"),
         ]
         checks += reward_checks(self.reward, m)
         for key, ok, msg in checks:
