@@ -164,8 +164,8 @@ class RunConfig(Section):
 
     @property
     def critic_optim(self) -> CriticSection:
-        """The `critic` section, or `optim`'s values when there is none."""
-        return self.critic if self.critic is not None else CriticSection(**self.optim.model_dump())
+        """The `critic` section, or `optim`'s values when there is none (one pass: `optim.epochs` is the policy's)."""
+        return self.critic if self.critic is not None else CriticSection(**{**self.optim.model_dump(), "epochs": 1})
 
     @functools.cached_property
     def objective_config(self):

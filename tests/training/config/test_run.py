@@ -102,6 +102,7 @@ def _error(tmp_path, text=None, overrides=()):
     (["objective.eps_high=-0.1"], "eps_high"),
     (["critic.epochs=2"], "critic.epochs"),
     (["optim.epochs=0"], "optim.epochs"),
+    (["objective.name=ppo", "critic.epochs=3"], "critic.epochs"),
     (["objective.not_a_field=1"], "not_a_field"),
     (["optim.packing_tail_rows=-1"], "optim.packing_tail_rows"),
     (["mesh.data=2", "optim.packing_tail_rows=3"], "optim.packing_tail_rows"),
@@ -269,3 +270,8 @@ def test_stop_at_accuracy_needs_evaluations():
     with pytest.raises(Exception, match="train.eval_every"):
         load_config(None, ["train.stop_at_accuracy=0.3", "train.eval_every=0"])
     assert load_config(None, ["train.stop_at_accuracy=0.3", "train.eval_every=10"]).train.stop_at_accuracy == 0.3
+
+
+def test_optim_epochs_are_the_policys_the_critic_inherits_the_rest():
+    cfg = load_config(None, ["optim.epochs=2", "optim.lr=3e-4"])
+    assert cfg.optim.epochs == 2 and cfg.critic_optim.epochs == 1 and cfg.critic_optim.lr == 3e-4
