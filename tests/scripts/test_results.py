@@ -116,3 +116,29 @@ def test_the_clip_grid_in_docs_clip_grid_md_is_the_one_the_kept_runs_give():
                   experiment.markdown_table(rows, by_key, report.GRAD_COLUMNS), report.comparisons(rows, by_key)):
         for line in table.splitlines():
             assert line in page, line
+
+
+def test_the_two_pass_clip_grid_in_docs_clip_grid_epochs2_md_is_the_one_the_kept_runs_give():
+    """docs/clip_grid_epochs2.md (the ε_low 0.2 rows with optim.epochs=2): its tables, the per-pass clip fractions
+    included, and its comparisons are what scripts/clip_grid.py reports from results/clip_grid_epochs2."""
+    from dapo_jax.training.config.paths import CONFIG_DIR
+    from dapo_jax.training.config.run import load_config
+
+    clip_grid = load_script("clip_grid")
+    report = load_script("clip_grid_report")
+    config = CONFIG_DIR / "cot_dapo.yaml"
+    cfg = load_config(config, ["optim.epochs=2"])
+    plan = clip_grid.make_plan(config, cfg, steps=50, eval_every=25, seeds=5,
+                               runs_dir=REPO / "results" / "clip_grid_epochs2", extra=("optim.epochs=2",))
+    rows = [r for r in clip_grid.define_rows(cfg.objective_config) if r.key in ("l0.2-h0.2", "l0.2-h0.28")]
+    assert sorted(p.name for p in plan.runs_dir.iterdir() if p.is_dir()) == [r.key for r in rows]
+    by_key, runs, missing = report.summaries(plan, rows)
+    assert not missing and all(len(v) == 5 for v in by_key.values())
+    assert all(load_config(config, ["train.run_dir=/x"] + list(clip_grid.job(plan, r, 0).overrides)).optim.epochs == 2
+               for r in rows)
+    page = (REPO / "docs" / "clip_grid_epochs2.md").read_text()
+    for table in (experiment.markdown_table(rows, by_key, report.OUTCOME_COLUMNS),
+                  experiment.markdown_table(rows, by_key, report.GRAD_COLUMNS),
+                  experiment.markdown_table(rows, by_key, report.EPOCH_COLUMNS), report.comparisons(rows, by_key)):
+        for line in table.splitlines():
+            assert line in page, line
