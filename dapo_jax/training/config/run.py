@@ -53,9 +53,11 @@ class RunConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _critic_inherits_optim(cls, data):
-        """A `critic` section names what differs from `optim`: its other keys are `optim`'s."""
+        """A `critic` section names what differs from `optim`: its other keys are `optim`'s (but `epochs`, the
+        policy's: the critic makes one pass)."""
         if isinstance(data, dict) and isinstance(data.get("critic"), dict) and isinstance(data.get("optim"), dict):
-            data = {**data, "critic": {**data["optim"], **data["critic"]}}
+            inherited = {k: v for k, v in data["optim"].items() if k != "epochs"}
+            data = {**data, "critic": {**inherited, **data["critic"]}}
         return data
 
     @model_validator(mode="after")

@@ -18,6 +18,7 @@ import json
 import os
 import socket
 import time
+import typing
 from pathlib import Path
 
 import filelock
@@ -158,7 +159,9 @@ def _default(key: str):
             return _NO_DEFAULT
         if i == len(parts) - 1:
             return _NO_DEFAULT if field.default is pydantic_core.PydanticUndefined else field.default
-        model = field.annotation
+        # a section that may be absent (`critic: CriticSection | None`): its fields' defaults are the model's
+        model = next((a for a in (field.annotation, *typing.get_args(field.annotation))
+                      if hasattr(a, "model_fields")), None)
     return _NO_DEFAULT
 
 

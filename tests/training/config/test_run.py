@@ -275,3 +275,5 @@ def test_stop_at_accuracy_needs_evaluations():
 def test_optim_epochs_are_the_policys_the_critic_inherits_the_rest():
     cfg = load_config(None, ["optim.epochs=2", "optim.lr=3e-4"])
     assert cfg.optim.epochs == 2 and cfg.critic_optim.epochs == 1 and cfg.critic_optim.lr == 3e-4
+    partial = load_config(None, ["optim.epochs=2", "optim.lr=3e-4", "critic.num_minibatches=2"])  # a critic section
+    assert partial.critic_optim.epochs == 1 and partial.critic_optim.lr == 3e-4

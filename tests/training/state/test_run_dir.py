@@ -58,6 +58,21 @@ def test_a_run_saved_before_a_field_existed_resumes_while_the_field_keeps_its_de
         RunDir(cfg(run, "objective.high_entropy_quantile=0.2")).check_same_config()
 
 
+def test_a_field_added_to_an_optional_section_keeps_its_default_on_resume(tmp_path):
+    """`critic` may be absent (`CriticSection | None`); a run saved before `critic.epochs` existed resumes."""
+    import yaml
+
+    run = tmp_path / "r"
+    RunDir(cfg(run, "critic.lr=1e-4")).save_config()
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    saved["critic"].pop("epochs")
+    saved["optim"].pop("epochs")
+    (run / "config.yaml").write_text(yaml.safe_dump(saved))
+    RunDir(cfg(run, "critic.lr=1e-4")).check_same_config()
+    with pytest.raises(ConfigError, match="optim.epochs: None -> 2"):
+        RunDir(cfg(run, "critic.lr=1e-4", "optim.epochs=2")).check_same_config()
+
+
 def test_recompute_old_logp_false_saved_by_an_older_version_equals_unset_when_it_resolves_to_false(tmp_path):
     import yaml
 
