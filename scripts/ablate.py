@@ -270,12 +270,8 @@ def effects_table(rows: list[Row], summaries: dict[str, list[dict]]) -> str:
     lines = ["| technique | with → without | metric | with | without | Δ [95% interval] | p | Holm p | verdict |",
              "|---|---|---|---|---|---|---|---|---|"]
     for (t, a, b, key, va, vb, c), p_adj in zip(found, adjusted):
-        interval = f" [{c.low:+.4f}, {c.high:+.4f}]" if c.low is not None else ""
-        p = f"{c.p:.3f}" if c.p is not None else "–"
-        holm_p = f"{p_adj:.3f}" if p_adj is not None else "–"
         lines.append(f"| {TECHNIQUE_LABELS[t]} | `{a.key}` → `{b.key}` | {METRIC_NAMES.get(key, key)} | "
-                     f"{np.mean(va):.4f} | {np.mean(vb):.4f} | {c.delta:+.4f}{interval} | {p} | {holm_p} | "
-                     f"{significance.verdict(c, p_adj)} |")
+                     f"{np.mean(va):.4f} | {np.mean(vb):.4f} | {significance.tested_cells(c, p_adj, 4)} |")
     return "\n".join(lines) + "\n\n" + significance.legend(significance.family_size(adjusted))
 
 

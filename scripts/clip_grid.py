@@ -46,9 +46,15 @@ RANDOM_REWARD = "reward.functions=[{name: scripts/random_reward.py:score}]"  # r
 
 @dataclasses.dataclass(frozen=True)
 class Row(ablate.Row):
-    eps_low: float = 0.2
-    eps_high: float = 0.28
     extra: tuple[str, ...] = ()  # overrides of this row only (the random arm's reward)
+
+    @property
+    def eps_low(self) -> float:
+        return self.objective["eps_low"]
+
+    @property
+    def eps_high(self) -> float:
+        return self.objective["eps_high"]
 
 
 def define_rows(base) -> list[Row]:
@@ -62,7 +68,7 @@ def define_rows(base) -> list[Row]:
 
     def make(key, label, low, high, extra=()):
         return Row(key, label, frozenset(recipe), {**objective, "eps_low": low, "eps_high": high,
-                                                   "clip_grad_share": True}, low, high, extra)
+                                                   "clip_grad_share": True}, extra)
 
     rows = [make(f"l{low}-h{high}", f"ε_low {low}, ε_high {high}", low, high) for low in LOWS for high in HIGHS]
     return rows + [make("random", "random reward, ε_low 0.2, ε_high 0.28", 0.2, 0.28, (RANDOM_REWARD,))]

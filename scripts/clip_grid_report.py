@@ -100,22 +100,18 @@ def comparisons(rows, by_key: dict) -> str:
     for r in rows:  # the gradient share against the token share, in the same runs
         for side in ("high", "low"):
             s = [x for x in by_key.get(r.key, []) if f"grad_{side}" in x and f"clip_{side}" in x]
+            grad, tokens = [x[f"grad_{side}"] for x in s], [x[f"clip_{side}"] for x in s]
             if s:
-                found.append((f"{side} clip: gradient vs token share", r, r, f"grad_{side}",
-                              [x[f"grad_{side}"] for x in s], [x[f"clip_{side}"] for x in s],
-                              significance.compare([x[f"grad_{side}"] for x in s], [x[f"clip_{side}"] for x in s],
-                                                   is_paired=True)))
+                found.append((f"{side} clip: gradient vs token share", r, r, f"grad_{side}", grad, tokens,
+                              significance.compare(grad, tokens, is_paired=True)))
     adjusted = significance.holm([c.p for *_, c in found])
     lines = ["| comparison | a → b | metric | a | b | Δ [95% interval] | p | Holm p | verdict |",
              "|---|---|---|---|---|---|---|---|---|"]
     for (what, a, b, key, va, vb, c), p_adj in zip(found, adjusted):
-        interval = f" [{c.low:+.4f}, {c.high:+.4f}]" if c.low is not None else ""
-        p = f"{c.p:.3f}" if c.p is not None else "–"
-        holm = f"{p_adj:.3f}" if p_adj is not None else "–"
         pair = f"`{a.key}`" if a is b else f"`{a.key}` → `{b.key}`"
         name = NAMES.get(key, key) if a is not b else f"{NAMES[key]} − {NAMES['clip_' + key[5:]]} (paired)"
-        lines.append(f"| {what} | {pair} | {name} | {np.mean(va):.4f} | {np.mean(vb):.4f} | {c.delta:+.4f}{interval} | "
-                     f"{p} | {holm} | {significance.verdict(c, p_adj)} |")
+        lines.append(f"| {what} | {pair} | {name} | {np.mean(va):.4f} | {np.mean(vb):.4f} | "
+                     f"{significance.tested_cells(c, p_adj, 4)} |")
     return "\n".join(lines) + "\n\n" + significance.legend(significance.family_size(adjusted))
 
 

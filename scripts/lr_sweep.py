@@ -151,10 +151,7 @@ def sweep_table(sweep: Sweep, rows) -> str:
 
 def _tested(c, p_adj) -> str:
     """The cells 'Δ [95% interval] | p | Holm p | verdict' of one comparison."""
-    interval = f" [{c.low:+.3f}, {c.high:+.3f}]" if c.low is not None else ""
-    p = "–" if c.p is None else f"{c.p:.3f}"
-    holm_p = "–" if p_adj is None else f"{p_adj:.3f}"
-    return f"{c.delta:+.3f}{interval} | {p} | {holm_p} | {significance.verdict(c, p_adj)}"
+    return significance.tested_cells(c, p_adj)
 
 
 def confirm_table(sweep: Sweep, rows) -> str:

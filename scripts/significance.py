@@ -108,6 +108,14 @@ def cell(c: Comparison, p_adjusted: float | None, *, digits: int = 3, alpha: flo
     return text + (" **" if p_adjusted is not None and p_adjusted < alpha else "")
 
 
+def tested_cells(c: Comparison, p_adjusted: float | None, digits: int = 3) -> str:
+    """A comparison's table cells 'Δ [95% interval] | p | Holm p | verdict' (the experiment pages' tables)."""
+    interval = f" [{c.low:+.{digits}f}, {c.high:+.{digits}f}]" if c.low is not None else ""
+    p = "–" if c.p is None else f"{c.p:.3f}"
+    holm_p = "–" if p_adjusted is None else f"{p_adjusted:.3f}"
+    return f"{c.delta:+.{digits}f}{interval} | {p} | {holm_p} | {verdict(c, p_adjusted)}"
+
+
 def verdict(c: Comparison, p_adjusted: float | None, alpha: float = ALPHA) -> str:
     if p_adjusted is None:
         return "no test"

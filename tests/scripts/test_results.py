@@ -95,50 +95,40 @@ def test_the_learning_rate_sweep_in_docs_league_lr_md_is_the_one_the_kept_runs_g
         assert line in page, line
 
 
-def test_the_clip_grid_in_docs_clip_grid_md_is_the_one_the_kept_runs_give():
-    """docs/clip_grid.md's tables (the clip ranges and the random arm, 5 seeds, 16 updates per rollout) and its
-    comparisons are what scripts/clip_grid.py reports from the runs kept in results/clip_grid, line for line."""
+def _clip_grid_page_matches(page: str, folder: str, keys: tuple[str, ...], columns: tuple[str, ...], extra=()):
+    """The page's tables (`columns`: clip_grid_report's) and comparisons are what scripts/clip_grid.py reports from
+    results/FOLDER (5 seeds of each of the rows `keys`, all finished), line for line."""
     from dapo_jax.training.config.paths import CONFIG_DIR
     from dapo_jax.training.config.run import load_config
 
     clip_grid = load_script("clip_grid")
     report = load_script("clip_grid_report")
     config = CONFIG_DIR / "cot_dapo.yaml"
-    cfg = load_config(config)
-    plan = clip_grid.make_plan(config, cfg, steps=50, eval_every=25, seeds=5, runs_dir=REPO / "results" / "clip_grid")
-    rows = clip_grid.define_rows(cfg.objective_config)
-    assert sorted(p.name for p in plan.runs_dir.iterdir() if p.is_dir()) == sorted(r.key for r in rows)
+    cfg = load_config(config, list(extra))
+    plan = clip_grid.make_plan(config, cfg, steps=50, eval_every=25, seeds=5, runs_dir=REPO / "results" / folder,
+                               extra=tuple(extra))
+    rows = [r for r in clip_grid.define_rows(cfg.objective_config) if r.key in keys]
+    assert sorted(p.name for p in plan.runs_dir.iterdir() if p.is_dir()) == sorted(keys) == sorted(r.key for r in rows)
     by_key, _, missing = report.summaries(plan, rows)
     assert not missing and all(len(v) == 5 for v in by_key.values())
-    page = (REPO / "docs" / "clip_grid.md").read_text()
-    for table in (experiment.markdown_table(rows, by_key, report.OUTCOME_COLUMNS),
-                  experiment.markdown_table(rows, by_key, report.DYNAMICS_COLUMNS),
-                  experiment.markdown_table(rows, by_key, report.GRAD_COLUMNS), report.comparisons(rows, by_key)):
+    for r in rows:  # the runs were planned with the page's overrides
+        assert load_config(config, ["train.run_dir=/x", *clip_grid.job(plan, r, 0).overrides]).optim.epochs == \
+            cfg.optim.epochs
+    text = (REPO / "docs" / page).read_text()
+    tables = [experiment.markdown_table(rows, by_key, getattr(report, c)) for c in columns]
+    for table in (*tables, report.comparisons(rows, by_key)):
         for line in table.splitlines():
-            assert line in page, line
+            assert line in text, line
+
+
+def test_the_clip_grid_in_docs_clip_grid_md_is_the_one_the_kept_runs_give():
+    """docs/clip_grid.md: the clip ranges and the random arm, 5 seeds, 16 updates per rollout."""
+    _clip_grid_page_matches("clip_grid.md", "clip_grid", ("l0.1-h0.2", "l0.1-h0.28", "l0.2-h0.2", "l0.2-h0.28",
+                                                          "l0.3-h0.2", "l0.3-h0.28", "random"),
+                            ("OUTCOME_COLUMNS", "DYNAMICS_COLUMNS", "GRAD_COLUMNS"))
 
 
 def test_the_two_pass_clip_grid_in_docs_clip_grid_epochs2_md_is_the_one_the_kept_runs_give():
-    """docs/clip_grid_epochs2.md (the ε_low 0.2 rows with optim.epochs=2): its tables, the per-pass clip fractions
-    included, and its comparisons are what scripts/clip_grid.py reports from results/clip_grid_epochs2."""
-    from dapo_jax.training.config.paths import CONFIG_DIR
-    from dapo_jax.training.config.run import load_config
-
-    clip_grid = load_script("clip_grid")
-    report = load_script("clip_grid_report")
-    config = CONFIG_DIR / "cot_dapo.yaml"
-    cfg = load_config(config, ["optim.epochs=2"])
-    plan = clip_grid.make_plan(config, cfg, steps=50, eval_every=25, seeds=5,
-                               runs_dir=REPO / "results" / "clip_grid_epochs2", extra=("optim.epochs=2",))
-    rows = [r for r in clip_grid.define_rows(cfg.objective_config) if r.key in ("l0.2-h0.2", "l0.2-h0.28")]
-    assert sorted(p.name for p in plan.runs_dir.iterdir() if p.is_dir()) == [r.key for r in rows]
-    by_key, runs, missing = report.summaries(plan, rows)
-    assert not missing and all(len(v) == 5 for v in by_key.values())
-    assert all(load_config(config, ["train.run_dir=/x"] + list(clip_grid.job(plan, r, 0).overrides)).optim.epochs == 2
-               for r in rows)
-    page = (REPO / "docs" / "clip_grid_epochs2.md").read_text()
-    for table in (experiment.markdown_table(rows, by_key, report.OUTCOME_COLUMNS),
-                  experiment.markdown_table(rows, by_key, report.GRAD_COLUMNS),
-                  experiment.markdown_table(rows, by_key, report.EPOCH_COLUMNS), report.comparisons(rows, by_key)):
-        for line in table.splitlines():
-            assert line in page, line
+    """docs/clip_grid_epochs2.md: the ε_low 0.2 rows with optim.epochs=2, the per-pass clip fractions included."""
+    _clip_grid_page_matches("clip_grid_epochs2.md", "clip_grid_epochs2", ("l0.2-h0.2", "l0.2-h0.28"),
+                            ("OUTCOME_COLUMNS", "GRAD_COLUMNS", "EPOCH_COLUMNS"), extra=("optim.epochs=2",))
