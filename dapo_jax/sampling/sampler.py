@@ -8,7 +8,8 @@
 2. Draw token 0 from the prefill's last logits; then `lax.while_loop`s feed token t-1 (RoPE
    position `n_prompt + t - 1`, response slot `t - 1`) through `models.decode.decode_step` and draw token
    t, until every row has emitted an EOS or T tokens exist. The response slots come in up to
-   `_MAX_BLOCKS` blocks, one `while_loop` each, so early steps do not attend over empty slots.
+   `_MAX_BLOCKS` blocks (of about `_MIN_BLOCK_SLOTS` slots or more), one `while_loop` each, so early steps do not
+   attend over empty slots.
    All uniforms are drawn before the loops. With `config.compaction`, the unfinished rows move to
    a batch of half the size once at most half are left, on each batch device (`compaction.py`: a row
    never moves to another device), and later stages use one
@@ -63,6 +64,11 @@ class Rollout(NamedTuple):
 # The response slots are filled in at most this many blocks, each by its own `while_loop` that
 # attends to the blocks before it and to its own filled part: about 5/8 of the slots, not all T.
 _MAX_BLOCKS = 4
+# ... and one block per this many slots at most: each block is one more copy of the decode step to
+# compile (about 0.3-0.5 s on a 2-core CPU for a 4-layer model), and a short one saves little attention.
+# At 64 new tokens one block compiles the rollout 1.4 s faster and runs as fast; at 144, four blocks
+# still run faster than one (docs/benchmarks.md, "The first step").
+_MIN_BLOCK_SLOTS = 32
 
 
 class _Carry(NamedTuple):
@@ -106,10 +112,11 @@ def shard_cache(cache):
 
 
 def _block_sizes(num_slots: int) -> list[int]:
-    """`num_slots` split into at most `_MAX_BLOCKS` near-equal blocks (none when 0)."""
+    """`num_slots` split into at most `_MAX_BLOCKS` near-equal blocks, no more than `num_slots //
+    _MIN_BLOCK_SLOTS` (one when fewer; none when 0)."""
     if num_slots <= 0:
         return []
-    size = -(-num_slots // min(_MAX_BLOCKS, num_slots))
+    size = -(-num_slots // max(1, min(_MAX_BLOCKS, num_slots // _MIN_BLOCK_SLOTS)))
     return [min(size, num_slots - start) for start in range(0, num_slots, size)]
 
 

@@ -234,9 +234,13 @@ def test_bad_prompt_shapes_are_named():
 
 
 def test_response_blocks_cover_every_fed_slot_once():
-    from dapo_jax.sampling.sampler import _MAX_BLOCKS, _block_sizes
+    from dapo_jax.sampling.sampler import _MAX_BLOCKS, _MIN_BLOCK_SLOTS, _block_sizes
 
     assert _block_sizes(0) == []
-    for n in (1, 2, 3, 7, 31, 127, 1000):
+    for n in (1, 2, 3, 7, 31, 32, 63, 64, 97, 127, 143, 1000):
         sizes = _block_sizes(n)
         assert sum(sizes) == n and 1 <= len(sizes) <= _MAX_BLOCKS and min(sizes) >= 1
+        assert len(sizes) == max(1, min(_MAX_BLOCKS, n // _MIN_BLOCK_SLOTS))  # a block per 32 slots, at most 4
+        assert max(sizes) - min(sizes) <= len(sizes)  # near-equal
+    # the shipped lengths: 6 and 64 new tokens decode in one block, the main job's 144 in four
+    assert _block_sizes(5) == [5] and _block_sizes(63) == [63] and len(_block_sizes(143)) == 4
