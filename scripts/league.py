@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiment.py beside
 
 from experiment import (  # noqa: E402
     finish, FINDINGS_PLACEHOLDER, Job, add_run_arguments, available_cores, column, default_config, default_target,
-    fmt_cell, is_finished, machine, markdown_table, mean_sd, pick_rows, read_run, rel, run_all, run_one,
+    fmt_cell, is_finished, machine, markdown_table, pick_rows, read_run, rel, run_all, run_one,
     series, smooth, summarize_run, use_compile_cache, value_at, write_page, yaml_value,
 )
 

@@ -36,7 +36,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiment.py beside this script
 
 from experiment import (  # noqa: E402
-    FINDINGS_PLACEHOLDER, Job, add_run_arguments, available_cores, column, default_config, finish, fmt_cell,
+    FINDINGS_PLACEHOLDER, Job, add_run_arguments, available_cores, default_config, finish, fmt_cell,
     is_finished, machine, pick_rows, read_run, rel, run_all, run_one, summarize_run, use_compile_cache,
     write_page, yaml_value,
 )

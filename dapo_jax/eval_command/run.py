@@ -22,7 +22,6 @@ disappears is an error.
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path

@@ -31,7 +31,7 @@ decides the refills (a multi-process run would have to agree on them).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 import jax
 import jax.numpy as jnp

@@ -27,7 +27,6 @@ from dapo_jax.parallel.host import to_global
 from dapo_jax.parallel.mesh import batch_sharding, committed
 from dapo_jax.parallel.peers import PeerWatch
 from dapo_jax.parallel.process_data import ProcessShare, start_processes
-from dapo_jax.training import sources
 from dapo_jax.training.actor import Actor
 from dapo_jax.training.build import build_mesh, load_model, load_tokenizer, load_trained_model, sampling_config
 from dapo_jax.training.config.resolve import resolve, resolved_keys

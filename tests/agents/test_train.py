@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from dapo_jax.agents.engine import EngineConfig
-from dapo_jax.agents.env import StepResult
 from dapo_jax.agents.episodes import AgentLimits
 from dapo_jax.agents.train import AgentTrainer
 from dapo_jax.objectives.registry import load_objective

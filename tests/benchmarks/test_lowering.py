@@ -5,7 +5,6 @@ data-parallel mesh, a bounded number of kernels per layer."""
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx

@@ -1,6 +1,5 @@
 """Load-time model checks: non-finite weights and a tokenizer that does not fit the embedding."""
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx

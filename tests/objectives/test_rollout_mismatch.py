@@ -1,7 +1,6 @@
 """The rollout-mismatch corrections against float64 NumPy (docs/objectives.md#off-policy-correction):
 separate bounds, the geometric-mean mask, IcePop, K3 rejection, batch-normalised weights, bypass mode."""
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 
 from dapo_jax.parallel.agree import agree
 from dapo_jax.training.config.run import load_config

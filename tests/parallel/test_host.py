@@ -1,4 +1,3 @@
-import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 

@@ -7,7 +7,6 @@ import pytest
 from flax import nnx
 
 from dapo_jax.objectives.config import ObjectiveConfig
-from dapo_jax.training.state.checkpoint import Checkpointer
 from dapo_jax.training.config.run import load_config
 from dapo_jax.training.config.sections import OptimSection
 from dapo_jax.training.metrics import read_metrics

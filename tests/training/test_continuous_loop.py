@@ -3,7 +3,6 @@ finish, `refill` at a time, within the same prompt budget; nothing compiles afte
 run stopped after its checkpoint and resumed ends with the parameters of an uninterrupted run."""
 
 import json
-import shutil
 
 import jax
 import numpy as np

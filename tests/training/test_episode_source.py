@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dapo_jax.agents.batch import episode_arrays, with_outcome
+from dapo_jax.agents.batch import episode_arrays
 from dapo_jax.agents.engine import EngineConfig, TurnEngine
 from dapo_jax.agents.episodes import Episode
 from dapo_jax.agents.update import episode_batch
