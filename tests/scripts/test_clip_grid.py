@@ -1,4 +1,4 @@
-"""scripts/clip_grid.py: the grid's rows differ in the clip range alone (the random arm in its reward alone), the
+"""scripts/clip_grid.py: the grid's rows differ in the clip range alone (the random arms in their reward alone), the
 random reward carries no signal, and the page's tables and tests are what the runs' metrics give."""
 
 import json
@@ -26,9 +26,15 @@ def test_rows_differ_in_the_clip_range_alone_and_the_random_arm_in_its_reward(tm
     plan = clip_grid.make_plan(TINY, cfg, steps=4, eval_every=2, seeds=1, runs_dir=tmp_path)
     rows = clip_grid.define_rows(cfg.objective_config)
     assert [r.key for r in rows] == ["l0.1-h0.2", "l0.1-h0.28", "l0.2-h0.2", "l0.2-h0.28", "l0.3-h0.2", "l0.3-h0.28",
-                                     "random"]
+                                     "random", "random-sym"]
+    assert [r.key for r in rows if r.follow_up] == ["random-sym"]
     runs = {r.key: load_config(TINY, list(clip_grid.job(plan, r, 0).overrides)) for r in rows}
     ref = runs["l0.2-h0.28"].model_dump()
+    # the symmetric random arm differs from the random arm in ε_high alone
+    sym, rand = runs["random-sym"].model_dump(), runs["random"].model_dump()
+    assert {s for s in sym if sym[s] != rand[s]} == {"objective", "train"}
+    assert {k for k, v in sym["objective"].items() if v != rand["objective"][k]} == {"eps_high"}
+    assert (runs["random-sym"].objective_config.eps_low, runs["random-sym"].objective_config.eps_high) == (0.2, 0.2)
     for key, run in runs.items():
         o = run.objective_config
         assert o.clip_grad_share and o.kl_beta == 0.0 and o.dynamic_sampling and o.loss_agg == "token_mean"
@@ -40,6 +46,7 @@ def test_rows_differ_in_the_clip_range_alone_and_the_random_arm_in_its_reward(tm
         diff = {s for s in dumped if dumped[s] != ref[s]}
         if key == "random":
             assert diff == {"reward", "train"}  # train: its run folder
+        if key.startswith("random"):
             assert [f["name"] for f in dumped["reward"]["functions"]] == ["scripts/random_reward.py:score"]
         else:
             assert diff <= {"objective", "train"}
@@ -94,9 +101,17 @@ def test_the_page_is_the_runs_tables_and_tests(tmp_path, monkeypatch):
     paired = next(x for x in text.splitlines() if x.startswith("| high clip: gradient vs token share | `l0.1-h0.2` |"))
     cells = [c.strip() for c in paired.split("|")]
     assert cells[4:6] == ["0.0200", "0.0020"] and cells[6].startswith("+0.0180")
-    n_tests = sum(1 for x in text.splitlines() if x.startswith("| ") and ("separable" in x or "no test" in x))
-    # 3 clip-higher pairs and 4 ε_low pairs x 4 metrics, the random arm x 3, 7 rows x 2 sides
-    assert n_tests == 3 * 4 + 4 * 4 + 3 + 14
+    first, _, later = text.partition("The follow-up family")
+    tests = lambda t: [x for x in t.splitlines() if x.startswith("| ") and ("separable" in x or "no test" in x)]
+    # 3 clip-higher pairs and 4 ε_low pairs x 4 metrics, the random arm x 3, 7 rows x 2 sides: as before the
+    # follow-up row, whose tests (against its task row and against the random arm, x 3; its 2 sides) are corrected
+    # among themselves
+    assert len(tests(first)) == 3 * 4 + 4 * 4 + 3 + 14
+    assert len(tests(later)) == 3 + 3 + 2 and "`random-sym`" in later.splitlines()[0]
+    line = next(x for x in tests(later) if x.startswith("| ε_high 0.28 vs 0.2, random reward | `random` → `random-sym`")
+                and "H gen. end" in x)
+    cells = [c.strip() for c in line.split("|")]
+    assert cells[4:6] == ["0.5100", "0.3100"] and cells[6].startswith("+0.2000")
     assert (tmp_path / "figures" / "clip_grid_fig2.png").exists()
     assert "`scripts/random_reward.py`" in text
 
