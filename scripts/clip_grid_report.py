@@ -150,7 +150,7 @@ def figures(out_dir: Path, rows, runs: dict, steps: int, prefix: str = "clip_gri
     specs = {
         f"{prefix}_fig2": (f"Clip ranges, {updates} updates per rollout (DAPO Fig. 2)", [
             ("Entropy of all generated responses", "nats / token", "entropy_generated"),
-            ("Held-out accuracy" + (" (random arm: its own reward)" if any(r.extra for r in rows) else ""), "avg@k",
+            ("Held-out accuracy" + (" (random arms: their own reward)" if any(r.extra for r in rows) else ""), "avg@k",
              "eval/accuracy")]),
         f"{prefix}_shares": ("Where the clip binds: tokens and gradient", [
             ("Upper clip: share of update tokens", "fraction", "clip_frac_high"),

@@ -122,9 +122,10 @@ def _clip_grid_page_matches(page: str, folder: str, keys: tuple[str, ...], colum
 
 
 def test_the_clip_grid_in_docs_clip_grid_md_is_the_one_the_kept_runs_give():
-    """docs/clip_grid.md: the clip ranges and the random arm, 5 seeds, 16 updates per rollout."""
+    """docs/clip_grid.md: the clip ranges and the random arms (the symmetric one a follow-up family), 5 seeds, 16
+    updates per rollout."""
     _clip_grid_page_matches("clip_grid.md", "clip_grid", ("l0.1-h0.2", "l0.1-h0.28", "l0.2-h0.2", "l0.2-h0.28",
-                                                          "l0.3-h0.2", "l0.3-h0.28", "random"),
+                                                          "l0.3-h0.2", "l0.3-h0.28", "random", "random-sym"),
                             ("OUTCOME_COLUMNS", "DYNAMICS_COLUMNS", "GRAD_COLUMNS"))
 
 
