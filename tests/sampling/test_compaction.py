@@ -88,17 +88,25 @@ def test_stage_sizes():
 SAMPLING = dict(temperature=0.7, top_k=12, top_p=0.9)
 
 
-@pytest.fixture(scope="module")
-def ragged():
-    """The uncompacted and the compacted sampler on the same 6 prompts x G = 4 (stages 24, 12, 6)."""
-    model = tiny_decoder()
-    graphdef, state = nnx.split(model)
-    ids, mask = inputs()
-    key = jax.random.key(3)
-    plain = make_generate(graphdef, config(False, **SAMPLING), 4, with_steps=True)
-    packed = make_generate(graphdef, config(True, **SAMPLING), 4, with_steps=True)
-    return dict(model=model, state=state, ids=ids, mask=mask, key=key, plain=plain, packed=packed,
-                ref=plain(state, ids, mask, key), out=packed(state, ids, mask, key))
+@pytest.fixture(scope="module", params=[None, 2], ids=["one block", "blocks of 2+ slots"])
+def ragged(request):
+    """The uncompacted and the compacted sampler on the same 6 prompts x G = 4 (stages 24, 12, 6); with the
+    response slots in one block (the default at this length), and in several, as long rollouts fill them
+    (compaction then merges the first stage's blocks)."""
+    import dapo_jax.sampling.sampler as sampler
+
+    with pytest.MonkeyPatch.context() as patch:  # read whenever a sampler is traced: kept for the module's tests
+        if request.param is not None:
+            patch.setattr(sampler, "_MIN_BLOCK_SLOTS", request.param)
+        model = tiny_decoder()
+        graphdef, state = nnx.split(model)
+        ids, mask = inputs()
+        key = jax.random.key(3)
+        plain = make_generate(graphdef, config(False, **SAMPLING), 4, with_steps=True)
+        packed = make_generate(graphdef, config(True, **SAMPLING), 4, with_steps=True)
+        yield dict(model=model, state=state, ids=ids, mask=mask, key=key, plain=plain, packed=packed,
+                   ref=plain(state, ids, mask, key), out=packed(state, ids, mask, key),
+                   blocks=len(sampler._block_sizes(T - 1)), one_block=request.param is None)
 
 
 def test_compacted_rollout_equals_the_uncompacted_one(ragged):
@@ -114,6 +122,18 @@ def test_compacted_rollout_equals_the_uncompacted_one(ragged):
     # one decode loop per block at the first stage, then one more per later stage (2)
     args = (ragged["state"], ragged["ids"], ragged["mask"], ragged["key"])
     assert n_while_loops(ragged["packed"], *args) == n_while_loops(ragged["plain"], *args) + 2
+
+
+def test_the_blocks_are_the_fixtures(ragged, monkeypatch):
+    """The two samplers really decode in 1 and in several blocks: a decode loop per block."""
+    import dapo_jax.sampling.sampler as sampler
+
+    args = (ragged["state"], ragged["ids"], ragged["mask"], ragged["key"])
+    n = n_while_loops(ragged["plain"], *args)
+    monkeypatch.setattr(sampler, "_MIN_BLOCK_SLOTS", 10 ** 6)  # one block
+    one = n_while_loops(make_generate(nnx.split(ragged["model"])[0], config(False, **SAMPLING), 4), *args)
+    assert n == one + ragged["blocks"] - 1
+    assert ragged["blocks"] == (1 if ragged["one_block"] else 4)  # 11 fed slots: one block, or 3+3+3+2
 
 
 def test_compacted_logprobs_are_the_trainers(ragged):

@@ -121,13 +121,27 @@ def direct_logprobs(model, rollout, temperature):
     return logp_all.reshape(p, g, t, -1)
 
 
+@pytest.mark.parametrize("blocks", [1, 3])  # 3: the response slots in blocks of 3, as long rollouts fill them
 @pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (0.7, 12, 0.9)])
-def test_logprobs_equal_the_training_forward(temperature, top_k, top_p):
+def test_logprobs_equal_the_training_forward(temperature, top_k, top_p, blocks, monkeypatch):
+    import dapo_jax.sampling.sampler as sampler
+
+    if blocks > 1:  # 9 fed slots in 3 blocks (the default rule gives short rollouts one)
+        monkeypatch.setattr(sampler, "_MIN_BLOCK_SLOTS", 3)
     model = tiny_decoder()
     ids, mask = pad_to_bucket(PROMPTS, (8,), pad_id=0)
     config = SamplingConfig(max_new_tokens=10, temperature=temperature, top_k=top_k, top_p=top_p,
                             eos_token_ids=(3, 4), pad_token_id=63)
-    rollout = generate(model, jnp.asarray(ids), jnp.asarray(mask), jax.random.key(1), num_samples=3, config=config)
+    graphdef, state = nnx.split(model)
+    gen = make_generate(graphdef, config, 3)  # its own jit: traced under this block rule
+    args = (state, jnp.asarray(ids), jnp.asarray(mask), jax.random.key(1))
+    assert len(sampler._block_sizes(9)) == blocks
+    if blocks > 1:  # one decode loop per block: blocks - 1 more than in one block
+        loops = lambda g: g.lower(*args).as_text().count("stablehlo.while")
+        n = loops(gen)
+        monkeypatch.setattr(sampler, "_MIN_BLOCK_SLOTS", 10 ** 6)
+        assert n == loops(make_generate(graphdef, config, 3)) + blocks - 1
+    rollout = gen(*args)
     ref = direct_logprobs(model, rollout, temperature)  # [P, G, T, V]
     tok = np.asarray(rollout.response_ids)
     m = np.asarray(rollout.response_mask).astype(bool)
