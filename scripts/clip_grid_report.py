@@ -45,13 +45,17 @@ EPOCH_COLUMNS = [(f"pass {k}: {what}", f"e{k}_{key}", 4) for k in (1, 2)
                                    ("clip low, tokens", "low"))]
 
 
+# summary key -> the per-step metric it is the mean of: the gradient shares, and the first two passes' clip
+# fractions with `optim.epochs` (step.epoch_metrics' `epochK/...`, EPOCH_COLUMNS)
+GRAD_SERIES = {"grad_high": "clip_grad_share_high", "grad_low": "clip_grad_share_low",
+               **{f"e{k}_{name}": f"epoch{k}/{metric}" for k in (1, 2) for name, metric in (
+                   ("high", "clip_frac_high"), ("grad_high", "clip_grad_share_high"), ("low", "clip_frac_low"))}}
+
+
 def grad_summary(run: dict) -> dict:
-    """Means over steps of the clipped tokens' gradient shares (runs without the diagnostic: {}), and of the
-    first two passes' clip fractions with `optim.epochs` (step.epoch_metrics' `epochK/...`)."""
+    """Means over steps of GRAD_SERIES' metrics (those a run does not log are left out)."""
     out = {}
-    for name, key in (("grad_high", "clip_grad_share_high"), ("grad_low", "clip_grad_share_low"),
-                      *((f"e{k}_{n}", f"epoch{k}/{m}") for k in (1, 2) for n, m in (
-                          ("high", "clip_frac_high"), ("grad_high", "clip_grad_share_high"), ("low", "clip_frac_low")))):
+    for name, key in GRAD_SERIES.items():
         _, y = series(run["rows"], key)
         if len(y):
             out[name] = float(y.mean())
@@ -109,13 +113,14 @@ def comparisons(rows, by_key: dict) -> str:
             if s:
                 found.append((f"{side} clip: gradient vs token share", r, r, f"grad_{side}", grad, tokens,
                               significance.compare(grad, tokens, is_paired=True)))
-    first = [t for t in found if not (getattr(t[1], "follow_up", False) or getattr(t[2], "follow_up", False))]
-    later = [t for t in found if t not in first]
-    text = _family_table(first)
-    if later:
+    families = {False: [], True: []}  # a test is the follow-up family's when either of its rows is a follow-up
+    for t in found:
+        families[t[1].follow_up or t[2].follow_up].append(t)
+    text = _family_table(families[False])
+    if families[True]:
         text += ("\n\nThe follow-up family: the tests of the rows added after the first family was read ("
-                 + ", ".join(f"`{r.key}`" for r in rows if getattr(r, "follow_up", False))
-                 + "), under Holm's correction among themselves.\n\n" + _family_table(later))
+                 + ", ".join(f"`{r.key}`" for r in rows if r.follow_up)
+                 + "), under Holm's correction among themselves.\n\n" + _family_table(families[True]))
     return text
 
 
