@@ -149,6 +149,12 @@ def sweep_table(sweep: Sweep, rows) -> str:
     return "\n".join(lines)
 
 
+def confirm_cell(sweep: Sweep, values: list) -> str:
+    """'mean ± sd' over a comparison's finished confirmation seeds, with their count while some are missing."""
+    cell = fmt_cell(values)
+    return cell if len(values) == len(sweep.confirm_seeds) else f"{cell} (n={len(values)})"
+
+
 def _tested(c, p_adj) -> str:
     """The cells 'Δ [95% interval] | p | Holm p | verdict' of one comparison."""
     return significance.tested_cells(c, p_adj)
@@ -170,7 +176,7 @@ def confirm_table(sweep: Sweep, rows) -> str:
     lines = ["| row | best rate | avg@4 at best | avg@4 at shared | Δ [95% interval] | p | Holm p | verdict |",
              "|---|---|---|---|---|---|---|---|"]
     for (row, best, a, b, c), p_adj in zip(found, adjusted):
-        lines.append(f"| {row.label} | {best:g} | {fmt_cell(a)} | {fmt_cell(b)} | {_tested(c, p_adj)} |")
+        lines.append(f"| {row.label} | {best:g} | {confirm_cell(sweep, a)} | {confirm_cell(sweep, b)} | {_tested(c, p_adj)} |")
     shared_best = [row.label for row in rows if best_lr(sweep, row) == sweep.shared]
     tail = f"\n\nBest at the shared rate {sweep.shared:g} (one set of runs): {', '.join(shared_best)}." if shared_best else ""
     return "\n".join(lines) + "\n\n" + significance.legend(significance.family_size(adjusted)) + tail
@@ -195,7 +201,7 @@ def versus_grpo(sweep: Sweep, rows, at_best: bool) -> str:
     lines = [f"| row | rate | avg@4 | GRPO (lr {rate(grpo):g}) | Δ [95% interval] | p | Holm p | verdict |",
              "|---|---|---|---|---|---|---|---|"]
     for (row, lr, a, c), p_adj in zip(found, adjusted):
-        lines.append(f"| {row.label} | {lr:g} | {fmt_cell(a)} | {fmt_cell(base)} | {_tested(c, p_adj)} |")
+        lines.append(f"| {row.label} | {lr:g} | {confirm_cell(sweep, a)} | {confirm_cell(sweep, base)} | {_tested(c, p_adj)} |")
     return "\n".join(lines) + "\n\n" + significance.legend(significance.family_size(adjusted))
 
 

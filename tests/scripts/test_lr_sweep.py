@@ -151,6 +151,23 @@ def test_an_unfinished_sweep_is_reported_as_partial(tmp_path):
     assert "| GRPO | 0.300 | – | – |" in text
 
 
+def test_a_comparison_on_fewer_confirmation_seeds_says_how_many(tmp_path):
+    """While the confirmation runs, a cell over fewer seeds than planned carries its count, and the test uses
+    the seeds that finished (Welch's unequal n)."""
+    sweep = make(tmp_path, lrs=(1e-4, 2e-4), sweep_seeds=1, confirm_seeds=3)
+    write_finished(lr_sweep.job(sweep, ROWS["rloo"], 1e-4, 0), 0.4)
+    write_finished(lr_sweep.job(sweep, ROWS["rloo"], 2e-4, 0), 0.1)
+    best, shared = [0.40, 0.44, 0.47], [0.10, 0.16]
+    for seed, acc in zip(sweep.confirm_seeds, best):
+        write_finished(lr_sweep.job(sweep, ROWS["rloo"], 1e-4, seed), acc)
+    for seed, acc in zip(sweep.confirm_seeds, shared):
+        write_finished(lr_sweep.job(sweep, ROWS["rloo"], 2e-4, seed), acc)
+    line = next(x for x in lr_sweep.confirm_table(sweep, [ROWS["rloo"]]).splitlines() if x.startswith("| RLOO |"))
+    p = stats.ttest_ind(best, shared, equal_var=False).pvalue
+    assert line.startswith("| RLOO | 0.0001 | 0.437 ± 0.035 | 0.130 ± 0.042 (n=2) | +0.307 [")
+    assert f"| {p:.3f} | {p:.3f} |" in line  # one test: Holm leaves it as it is
+
+
 def test_bad_rates_are_one_line_errors(capsys):
     for bad in ("1e-4,x", "0,1e-4"):
         with pytest.raises(SystemExit) as e:
