@@ -52,7 +52,8 @@ class RolloutSection(Section):
     max_new_tokens: int = Field(default=16, gt=0)  # the response budget L_max in tokens (EOS included)
     # Active-row compaction (dapo_jax/sampling/compaction.py): once at most half the rows are still
     # decoding (on each batch device: rows never change device), go on with a batch of half the size
-    # (down to compaction_min_rows); same rollout.
+    # (down to compaction_min_rows); same rollout. Each halving is one more decode loop to compile: a run of a
+    # few dozen steps starts sooner with false (docs/benchmarks.md, "Where the first step goes").
     # None = on unless rollout.continuous (its alternative) or gen_batch x G cannot halve to
     # compaction_min_rows: chosen by `resolve`
     compaction: bool | None = None
