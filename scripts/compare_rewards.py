@@ -44,7 +44,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
 from dapo_jax.training.config.paths import CONFIG_DIR  # noqa: E402
+from experiment import run_pinned  # noqa: E402
 
 CONFIG = CONFIG_DIR / "cot_grpo_rm.yaml"
 RM_PATH = "dapo_jax/assets/cot_rm"
@@ -56,7 +58,6 @@ CONDITIONS = {  # key -> (label, overrides)
     "rm_kl0.04": ("RM, KL 0.04", []),
     "rm_kl0": ("RM, KL 0", ["objective.kl_beta=0.0"]),
 }
-SINGLE_THREAD_XLA = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 MARK_START, MARK_END = "<!-- compare_rewards:start -->", "<!-- compare_rewards:end -->"
 
 
@@ -82,27 +83,14 @@ def finished(args, key: str, seed: int) -> bool:
 
 
 def train_one(args, key: str, seed: int, cores: queue.Queue) -> str | None:
-    core = cores.get()
     path = run_dir(args, key, seed)
     path.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " " + SINGLE_THREAD_XLA).strip(),
-           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     cmd = [sys.executable, "-m", "dapo_jax.cli", "train", str(CONFIG), *overrides(args, key, seed)]
-
-    def child():
-        os.nice(10)
-        if hasattr(os, "sched_setaffinity"):
-            os.sched_setaffinity(0, {core})
-
+    with open(path / "compare.log", "a") as log:
+        log.write(f"$ {' '.join(cmd)}\n")
     t0 = time.time()
-    try:
-        with open(path / "compare.log", "a") as log:
-            print(f"[compare] {key} seed {seed}: training on core {core}, log {path / 'compare.log'}", flush=True)
-            log.write(f"$ {' '.join(cmd)}\n")
-            log.flush()
-            rc = subprocess.run(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, preexec_fn=child).returncode
-    finally:
-        cores.put(core)
+    rc = run_pinned(cmd, path / "compare.log", cores, nice=10, cwd=REPO,
+                    announce=f"[compare] {key} seed {seed}: training on core {{core}}, log {path / 'compare.log'}")
     wall = time.time() - t0
     with open(path / "wall_s.jsonl", "a") as f:
         f.write(json.dumps({"rc": rc, "wall_s": round(wall, 1)}) + "\n")

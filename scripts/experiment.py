@@ -31,6 +31,7 @@ import yaml
 
 DONE_FILE = "experiment.json"  # per run dir: {"steps": last step, "finished": bool, "wall_s": [seconds per session]}
 LEGACY_DONE_FILE = "ablate.json"  # what ablate.py wrote before this module (the same fields but `finished`)
+REPO = Path(__file__).resolve().parents[1]
 LOG_FILE = "experiment.log"  # per run dir: the output of the child process that trained it
 
 
@@ -114,21 +115,38 @@ def available_cores() -> list[int]:
     return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
 
 
-def _run_child(script: str, argv: list[str], job: Job, name: str, cores: queue.Queue, tag: str) -> str | None:
-    """Runs `job` in a child process of `script` (`--only KEY/SEED`) pinned to one free core."""
+def run_pinned(cmd: list[str], log_path: Path, cores: queue.Queue, *, announce: str = "", nice: int = 0,
+               cwd: Path | None = None) -> int:
+    """Runs `cmd` in a child process pinned to a free core of `cores` with one XLA thread (the repository on its
+    PYTHONPATH, at `nice`), its output appended to `log_path`; `announce` (with `{core}`) is said as it starts.
+    Returns the child's exit code. The one way the experiment scripts start a run on a core of their own."""
     core = cores.get()
-    job.path.mkdir(parents=True, exist_ok=True)
-    log_path = job.path / LOG_FILE
-    env = {**os.environ, "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " " + SINGLE_THREAD_XLA).strip()}
-    cmd = [sys.executable, str(Path(script).resolve()), *argv, "--jobs", "1", "--only", f"{job.key}/{job.seed}",
-           "--name", name]
+    env = {**os.environ, "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " " + SINGLE_THREAD_XLA).strip(),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+
+    def child():
+        if nice:
+            os.nice(nice)
+        if hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, {core})
+
     try:
         with open(log_path, "a") as log:
-            say(f"[{tag}] {name}: training on core {core}, log in {log_path}")
-            pin = (lambda: os.sched_setaffinity(0, {core})) if hasattr(os, "sched_setaffinity") else None
-            rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=pin).returncode
+            if announce:
+                say(announce.format(core=core))
+            return subprocess.run(cmd, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                                  preexec_fn=child).returncode
     finally:
         cores.put(core)
+
+
+def _run_child(script: str, argv: list[str], job: Job, name: str, cores: queue.Queue, tag: str) -> str | None:
+    """Runs `job` in a child process of `script` (`--only KEY/SEED`) pinned to one free core."""
+    job.path.mkdir(parents=True, exist_ok=True)
+    log_path = job.path / LOG_FILE
+    cmd = [sys.executable, str(Path(script).resolve()), *argv, "--jobs", "1", "--only", f"{job.key}/{job.seed}",
+           "--name", name]
+    rc = run_pinned(cmd, log_path, cores, announce=f"[{tag}] {name}: training on core {{core}}, log in {log_path}")
     if rc != 0 or not is_finished(job):
         say(f"[{tag}] {name}: FAILED (exit {rc}; see {log_path})")
         return f"exit {rc}, see {log_path}"

@@ -31,9 +31,7 @@ import concurrent.futures
 import dataclasses
 import datetime
 import json
-import os
 import queue
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -44,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiment.py and si
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's dapo_jax
 
 import significance  # noqa: E402
-from experiment import SINGLE_THREAD_XLA, available_cores, done, fmt_cell, machine, record, say  # noqa: E402
+from experiment import available_cores, done, fmt_cell, machine, record, run_pinned, say  # noqa: E402
 
 from dapo_jax.training.metrics import read_metrics  # noqa: E402
 
@@ -127,18 +125,12 @@ def run_chain(plan: Plan, arm: str, seed: int, cores: queue.Queue) -> str | None
     run.mkdir(parents=True, exist_ok=True)
     spec = stages(plan, arm, seed)
     (run / "stages.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    core = cores.get()
-    env = {**os.environ, "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " " + SINGLE_THREAD_XLA).strip(),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    pin = (lambda: os.sched_setaffinity(0, {core})) if hasattr(os, "sched_setaffinity") else None
     t0 = time.perf_counter()
     try:
-        with open(run / "experiment.log", "a") as log:
-            say(f"[stage_compare] {arm}/seed{seed}: started on core {core}, log in {run / 'experiment.log'}")
-            rc = subprocess.run([sys.executable, "-m", "dapo_jax.cli", "stages", str(run / "stages.yaml")], env=env,
-                                stdout=log, stderr=subprocess.STDOUT, preexec_fn=pin).returncode
+        rc = run_pinned([sys.executable, "-m", "dapo_jax.cli", "stages", str(run / "stages.yaml")],
+                        run / "experiment.log", cores,
+                        announce=f"[stage_compare] {arm}/seed{seed}: started on core {{core}}, log in {run / 'experiment.log'}")
     finally:
-        cores.put(core)
         _alive[(arm, seed)] = False
     wall = time.perf_counter() - t0
     finished = rc == 0 and is_finished(run)
