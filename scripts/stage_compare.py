@@ -46,7 +46,6 @@ from experiment import available_cores, done, fmt_cell, machine, record, run_pin
 
 from dapo_jax.training.metrics import read_metrics  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 ARMS = ("dapo", "cold_start", "distill")
 TASK = {"min_terms": 2, "max_terms": 15, "min_digits": 1, "max_digits": 1, "heldout_size": 400}  # cot_dapo's
 SAMPLES_PER_ROUND = 128  # cot_dapo: gen_batch 16 x G 8 (a step generates 1-3 rounds)
