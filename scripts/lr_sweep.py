@@ -13,13 +13,14 @@ league). The shared rate is CONFIG's `optim.lr` (2e-4 for cot_dapo) and must be 
   highest mean avg@4 at the budget over those seeds (a tie goes to the shared rate).
 - **confirm**: each row at its best rate and at the shared rate, on CONFIG_SEEDS fresh seeds (SWEEP_SEEDS ..
   SWEEP_SEEDS+CONFIRM_SEEDS-1: the seeds that chose the rate do not also judge it); a row whose best rate
-  is the shared one is run once. Needs every sweep run of that row finished.
+  is the shared one is run once. GRPO, the baseline, is run at every rate, so the report can also compare
+  each row with GRPO at GRPO's best confirmed rate. Needs every sweep run of that row finished.
 
 Runs go to RUNS_DIR/lrRATE/ROW/seedS, the seed-0 run of every (rate, row) first, `--jobs` at a time; a
 rerun skips finished runs and resumes the others from their checkpoints, so the hours this takes can be
 spread over sessions. The report (--out) has the sweep table, the best rate per row, best against shared
-with Welch's test and Holm's correction, and which of the league's comparisons with GRPO hold at each
-row's best rate; runs that have not finished are named and left out.
+with Welch's test and Holm's correction, which of the league's comparisons with GRPO hold at each row's
+best rate, and GRPO at every rate; runs that have not finished are named and left out.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ DEFAULT_LRS = (5e-5, 1e-4, 2e-4)
 # The league of docs/league.md (16 rows); the rows added since mid-2025 can be named with --rows.
 DEFAULT_ROWS = tuple(r.key for r in league.ROWS if r.family != "recent")
 PHASES = ("sweep", "confirm", "all")
+BASELINE = "grpo"  # the row every other is compared with
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,8 +127,12 @@ def best_lr(sweep: Sweep, row) -> float | None:
 
 
 def confirm_rates(sweep: Sweep, row) -> list[float]:
+    """The shared rate and the row's best; the baseline (GRPO) at every rate, so that a row at its own rate
+    is also compared with the baseline at the baseline's best confirmed rate, not only its sweep-chosen one."""
     best = best_lr(sweep, row)
-    return [] if best is None else sorted({sweep.shared, best})
+    if best is None:
+        return []
+    return list(sweep.lrs) if row.key == BASELINE else sorted({sweep.shared, best})
 
 
 def sweep_jobs(sweep: Sweep, rows) -> list[Job]:
@@ -182,23 +188,54 @@ def confirm_table(sweep: Sweep, rows) -> str:
     return "\n".join(lines) + "\n\n" + significance.legend(significance.family_size(adjusted)) + tail
 
 
-def versus_grpo(sweep: Sweep, rows, at_best: bool) -> str:
+def baseline_top(sweep: Sweep) -> float | None:
+    """The baseline's rate with the highest mean on the confirmation seeds (None until each rate has a
+    finished confirmation run). Chosen on the seeds that then judge it: a bias in the baseline's favour."""
+    grpo = next((r for r in league.ROWS if r.key == BASELINE), None)
+    if grpo is None or best_lr(sweep, grpo) is None:
+        return None
+    means = {lr: np.mean(v) for lr in sweep.lrs if (v := finished_values(sweep, grpo, lr, sweep.confirm_seeds))}
+    return max(means, key=means.get) if len(means) == len(sweep.lrs) else None
+
+
+def baseline_table(sweep: Sweep) -> str:
+    """The baseline at every rate on the confirmation seeds, each other rate against the shared one (Welch,
+    Holm over the table)."""
+    grpo = next((r for r in league.ROWS if r.key == BASELINE), None)
+    if grpo is None or best_lr(sweep, grpo) is None:
+        return "(GRPO's sweep has not finished)"
+    shared = finished_values(sweep, grpo, sweep.shared, sweep.confirm_seeds)
+    found = [(lr, a, significance.compare(a, shared)) for lr in sweep.lrs if lr != sweep.shared
+             and (a := finished_values(sweep, grpo, lr, sweep.confirm_seeds)) and shared]
+    adjusted = significance.holm([c.p for *_, c in found])
+    lines = [f"| rate | avg@4 | at the shared {sweep.shared:g} | Δ [95% interval] | p | Holm p | verdict |",
+             "|---|---|---|---|---|---|---|"]
+    for (lr, a, c), p_adj in zip(found, adjusted):
+        lines.append(f"| {lr:g} | {confirm_cell(sweep, a)} | {confirm_cell(sweep, shared)} | {_tested(c, p_adj)} |")
+    return "\n".join(lines) + "\n\n" + significance.legend(significance.family_size(adjusted))
+
+
+def versus_grpo(sweep: Sweep, rows, at_best: bool, baseline: str = "chosen") -> str:
     """Each row against GRPO on avg@4 at the budget over the confirmation seeds: both at the shared rate, or
-    each at its own best rate; Welch, Holm over the table."""
-    grpo = next((r for r in league.ROWS if r.key == "grpo"), None)
+    each at its own best rate; Welch, Holm over the table. With `at_best`, GRPO is at its sweep-chosen rate
+    (baseline "chosen") or at its best rate on the confirmation seeds (baseline "top", see baseline_top)."""
+    grpo = next((r for r in league.ROWS if r.key == BASELINE), None)
     rate = (lambda row: best_lr(sweep, row)) if at_best else (lambda row: sweep.shared)  # noqa: E731
     if grpo is None or rate(grpo) is None:
         return "(GRPO's runs have not finished)"
-    base = finished_values(sweep, grpo, rate(grpo), sweep.confirm_seeds)
+    base_rate = baseline_top(sweep) if at_best and baseline == "top" else rate(grpo)
+    if base_rate is None:
+        return "(GRPO's confirmation at every rate has not finished)"
+    base = finished_values(sweep, grpo, base_rate, sweep.confirm_seeds)
     found = []
     for row in rows:
-        if row.key == "grpo" or rate(row) is None:
+        if row.key == BASELINE or rate(row) is None:
             continue
         a = finished_values(sweep, row, rate(row), sweep.confirm_seeds)
         if a and base:
             found.append((row, rate(row), a, significance.compare(a, base)))
     adjusted = significance.holm([c.p for *_, c in found])
-    lines = [f"| row | rate | avg@4 | GRPO (lr {rate(grpo):g}) | Δ [95% interval] | p | Holm p | verdict |",
+    lines = [f"| row | rate | avg@4 | GRPO (lr {base_rate:g}) | Δ [95% interval] | p | Holm p | verdict |",
              "|---|---|---|---|---|---|---|---|"]
     for (row, lr, a, c), p_adj in zip(found, adjusted):
         lines.append(f"| {row.label} | {lr:g} | {confirm_cell(sweep, a)} | {confirm_cell(sweep, base)} | {_tested(c, p_adj)} |")
@@ -252,6 +289,19 @@ At the shared rate (the league's setting):
 Each row (GRPO too) at its own best rate:
 
 {versus_grpo(sweep, rows, at_best=True)}
+
+## GRPO at every rate
+
+The baseline is confirmed at every rate (the other rows at their best and the shared one only), so that
+"above GRPO" can be checked against GRPO at its own best. Each rate against the shared one:
+
+{baseline_table(sweep)}
+
+Each row at its own best rate against GRPO at its rate with the highest mean on the confirmation seeds. That
+rate is chosen on the seeds that judge it, which favours GRPO: a row still separable above it is so at every
+rate GRPO was confirmed at.
+
+{versus_grpo(sweep, rows, at_best=True, baseline="top")}
 
 {FINDINGS_PLACEHOLDER}"""
     return write_page(out, text)

@@ -65,8 +65,9 @@ def test_the_best_rate_is_chosen_on_the_sweep_seeds_and_judged_on_others(tmp_pat
     assert lr_sweep.finished_values(sweep, grpo, 1e-4, sweep.sweep_seeds) == [0.40, 0.36]
     assert lr_sweep.best_lr(sweep, grpo) == 1e-4 and lr_sweep.best_lr(sweep, dapo) == 2e-4
     jobs = lr_sweep.confirm_jobs(sweep, [grpo, dapo])
-    assert {(j.key, j.seed) for j in jobs} == {(f"{k}@{lr:g}", s) for s in (2, 3, 4)
-                                               for k, lr in (("grpo", 1e-4), ("grpo", 2e-4), ("dapo", 2e-4))}
+    # the baseline (GRPO) at every rate; another row at its best and the shared rate (once where they agree)
+    assert {(j.key, j.seed) for j in jobs} == {(f"{k}@{lr:g}", s) for s in (2, 3, 4) for k, lr in
+                                               (("grpo", 5e-5), ("grpo", 1e-4), ("grpo", 2e-4), ("dapo", 2e-4))}
     assert not {j.seed for j in jobs} & set(sweep.sweep_seeds)
     # sweep jobs: seed 0 of every (rate, row) before any seed 1
     order = [(j.seed, j.key) for j in lr_sweep.sweep_jobs(sweep, [grpo, dapo])]
@@ -110,6 +111,37 @@ def test_report_tests_best_against_shared_with_welch_and_holm(tmp_path):
     assert "| RLOO | 0.0002 | 0.123 ± 0.025 | 0.250 ± 0.046 |" in shared
 
 
+def test_grpo_is_confirmed_at_every_rate_and_rows_are_also_judged_against_its_best(tmp_path):
+    sweep = make(tmp_path, sweep_seeds=1, confirm_seeds=3)
+    rows = [ROWS["grpo"], ROWS["rloo"]]
+    for lr in sweep.lrs:  # GRPO's sweep chooses the shared 2e-4, RLOO's 5e-5
+        write_finished(lr_sweep.job(sweep, ROWS["grpo"], lr, 0), 0.3 if lr == 2e-4 else 0.2)
+        write_finished(lr_sweep.job(sweep, ROWS["rloo"], lr, 0), 0.4 if lr == 5e-5 else 0.1)
+    confirm = {("grpo", 5e-5): [0.40, 0.44, 0.42], ("grpo", 1e-4): [0.30, 0.35, 0.31],
+               ("grpo", 2e-4): [0.20, 0.26, 0.29], ("rloo", 5e-5): [0.40, 0.42, 0.47], ("rloo", 2e-4): [0.1, 0.15, 0.12]}
+    assert lr_sweep.baseline_top(sweep) is None  # not before GRPO has a confirmation run at every rate
+    assert "has not finished" in lr_sweep.versus_grpo(sweep, rows, at_best=True, baseline="top")
+    for (key, lr), values in confirm.items():
+        for seed, acc in zip(sweep.confirm_seeds, values):
+            write_finished(lr_sweep.job(sweep, ROWS[key], lr, seed), acc)
+    assert lr_sweep.baseline_top(sweep) == 5e-5  # the highest confirmation mean, not the sweep's choice
+    table = lr_sweep.baseline_table(sweep)
+    p = {lr: stats.ttest_ind(confirm["grpo", lr], confirm["grpo", 2e-4], equal_var=False).pvalue for lr in (5e-5, 1e-4)}
+    low, high = sorted(p.values())
+    holm = {lr: min(1.0, 2 * low) if p[lr] == low else max(2 * low, high) for lr in p}
+    line = next(x for x in table.splitlines() if x.startswith("| 5e-05 |"))
+    assert line.startswith("| 5e-05 | 0.420 ± 0.020 | 0.250 ± 0.046 | +0.170 [") and f"| {holm[5e-5]:.3f} |" in line
+    line = next(x for x in table.splitlines() if x.startswith("| 0.0001 |"))
+    assert f"| {p[1e-4]:.3f} | {holm[1e-4]:.3f} |" in line and "| 0.0002 |" not in table
+    # RLOO at 5e-5 against GRPO at its sweep-chosen 2e-4, then at its confirmed best 5e-5
+    chosen = lr_sweep.versus_grpo(sweep, rows, at_best=True)
+    assert "| RLOO | 5e-05 | 0.430 ± 0.036 | 0.250 ± 0.046 | +0.180 [" in chosen
+    top = lr_sweep.versus_grpo(sweep, rows, at_best=True, baseline="top")
+    assert "| GRPO (lr 5e-05) |" in top and "| RLOO | 5e-05 | 0.430 ± 0.036 | 0.420 ± 0.020 | +0.010 [" in top
+    p_top = stats.ttest_ind(confirm["rloo", 5e-5], confirm["grpo", 5e-5], equal_var=False).pvalue
+    assert f"| {p_top:.3f} | {p_top:.3f} | not separable |" in top
+
+
 def test_the_script_trains_the_sweep_then_the_confirmation_and_a_rerun_trains_nothing(tmp_path, monkeypatch):
     import dapo_jax.training.loop as loop
 
@@ -128,9 +160,9 @@ def test_the_script_trains_the_sweep_then_the_confirmation_and_a_rerun_trains_no
             "--no-compile-cache", "--runs-dir", str(tmp_path / "runs"), "--out", str(out)]
     assert lr_sweep.main(argv) == 0
     assert trained[:4] == [("grpo", 1e-4, 0), ("dapo", 1e-4, 0), ("grpo", 2e-4, 0), ("dapo", 2e-4, 0)]
-    # GRPO's best is the shared 2e-4 (one set), DAPO's is 1e-4 (both rates), on seeds 1 and 2
-    assert sorted(trained[4:]) == sorted([("grpo", 2e-4, 1), ("dapo", 1e-4, 1), ("dapo", 2e-4, 1),
-                                          ("grpo", 2e-4, 2), ("dapo", 1e-4, 2), ("dapo", 2e-4, 2)])
+    # GRPO's best is the shared 2e-4, but the baseline runs at every rate; DAPO's best is 1e-4 (both rates);
+    # on seeds 1 and 2
+    assert sorted(trained[4:]) == sorted([(k, lr, s) for s in (1, 2) for k in ("grpo", "dapo") for lr in (1e-4, 2e-4)])
     text = out.read_text()
     assert "Partial results" not in text and "| DAPO | 0.100 | 0.000 | 0.0001 |" in text
     assert "Best at the shared rate 0.0002 (one set of runs): GRPO." in text and "## Findings" in text
