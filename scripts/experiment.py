@@ -29,6 +29,10 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from dapo_jax.startup import quiet_libtpu
+
+quiet_libtpu()  # as every CLI command: no libtpu start-up errors in a run's log on a host without a TPU
+
 DONE_FILE = "experiment.json"  # per run dir: {"steps": last step, "finished": bool, "wall_s": [seconds per session]}
 LEGACY_DONE_FILE = "ablate.json"  # what ablate.py wrote before this module (the same fields but `finished`)
 REPO = Path(__file__).resolve().parents[1]

@@ -40,3 +40,25 @@ def test_a_child_runs_on_one_core_with_one_xla_thread_and_its_output_in_the_log(
     assert seen["nice"] >= 5 and seen["cwd"] == str(tmp_path)
     assert cores.get_nowait() == core  # the core is free again
     assert f"started on core {core}" in capsys.readouterr().out
+
+
+def test_the_experiment_scripts_keep_libtpu_quiet_on_a_host_without_a_tpu(tmp_path):
+    """With the `[tpu]` extra installed (`[test]` installs it) and no TPU, JAX would start libtpu, whose
+    start-up errors land in every run's log; experiment.py sets the CPU backends first, as the CLI does."""
+    import importlib.util
+    import subprocess
+
+    import pytest
+
+    from dapo_jax.startup import tpu_visible
+
+    if importlib.util.find_spec("libtpu") is None or tpu_visible():
+        pytest.skip("needs libtpu installed on a host without a TPU")
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import experiment, os, jax; "
+            "print(os.environ.get('JAX_PLATFORMS'), jax.devices()[0].platform)")
+    out = subprocess.run([sys.executable, "-c", code, str(experiment.REPO / "scripts")], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["cpu", "cpu"]
+    assert "TPU" not in out.stderr, out.stderr
