@@ -77,8 +77,9 @@ def test_the_ablation_ladder_in_docs_ablation_md_is_the_one_the_kept_runs_give()
 
 
 def test_the_learning_rate_sweep_in_docs_league_lr_md_is_the_one_the_kept_runs_give():
-    """docs/league_lr.md's sweep table (each row's avg@4 at each rate) is what scripts/lr_sweep.py reports from the
-    finished runs kept in results/lr_sweep, line for line; every kept run is a finished one."""
+    """docs/league_lr.md's tables (the sweep, best rate against shared, against GRPO, GRPO at every rate) are what
+    scripts/lr_sweep.py reports from the finished runs kept in results/lr_sweep, line for line; every kept run is
+    a finished one, and none is missing."""
     import json
 
     lr_sweep = load_script("lr_sweep")
@@ -91,7 +92,11 @@ def test_the_learning_rate_sweep_in_docs_league_lr_md_is_the_one_the_kept_runs_g
     page = (REPO / "docs" / "league_lr.md").read_text()
     table = lr_sweep.sweep_table(sweep, rows)
     assert any("| 0." in line for line in table.splitlines()[2:])  # at least one measured cell
-    for line in table.splitlines():
+    assert not lr_sweep.unfinished(sweep, rows) and "Partial results" not in page
+    tables = [table, lr_sweep.confirm_table(sweep, rows), lr_sweep.baseline_table(sweep),
+              *(lr_sweep.versus_grpo(sweep, rows, at_best=b) for b in (False, True)),
+              lr_sweep.versus_grpo(sweep, rows, at_best=True, baseline="top")]
+    for line in "\n".join(tables).splitlines():
         assert line in page, line
 
 
