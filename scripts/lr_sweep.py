@@ -161,9 +161,17 @@ def confirm_cell(sweep: Sweep, values: list) -> str:
     return cell if len(values) == len(sweep.confirm_seeds) else f"{cell} (n={len(values)})"
 
 
-def _tested(c, p_adj) -> str:
-    """The cells 'Δ [95% interval] | p | Holm p | verdict' of one comparison."""
-    return significance.tested_cells(c, p_adj)
+def _holm_table(head: str, found) -> str:
+    """A table of comparisons that is one Holm family: `head` the cells before the test's ('row | rate | ...'),
+    `found` one (leading cells, Comparison) per line; the family's legend under it."""
+    adjusted = significance.holm([c.p for _, c in found])
+    lines = [f"| {head} | Δ [95% interval] | p | Holm p | verdict |", "|" + "---|" * (head.count("|") + 5)]
+    lines += [f"| {cells} | {significance.tested_cells(c, p_adj)} |" for (cells, c), p_adj in zip(found, adjusted)]
+    return "\n".join(lines) + "\n\n" + significance.legend(significance.family_size(adjusted))
+
+
+def _baseline_row():
+    return next((r for r in league.ROWS if r.key == BASELINE), None)
 
 
 def confirm_table(sweep: Sweep, rows) -> str:
@@ -177,21 +185,18 @@ def confirm_table(sweep: Sweep, rows) -> str:
         a = finished_values(sweep, row, best, sweep.confirm_seeds)
         b = finished_values(sweep, row, sweep.shared, sweep.confirm_seeds)
         if a and b:
-            found.append((row, best, a, b, significance.compare(a, b)))
-    adjusted = significance.holm([c.p for *_, c in found])
-    lines = ["| row | best rate | avg@4 at best | avg@4 at shared | Δ [95% interval] | p | Holm p | verdict |",
-             "|---|---|---|---|---|---|---|---|"]
-    for (row, best, a, b, c), p_adj in zip(found, adjusted):
-        lines.append(f"| {row.label} | {best:g} | {confirm_cell(sweep, a)} | {confirm_cell(sweep, b)} | {_tested(c, p_adj)} |")
+            found.append((f"{row.label} | {best:g} | {confirm_cell(sweep, a)} | {confirm_cell(sweep, b)}",
+                          significance.compare(a, b)))
+    table = _holm_table("row | best rate | avg@4 at best | avg@4 at shared", found)
     shared_best = [row.label for row in rows if best_lr(sweep, row) == sweep.shared]
     tail = f"\n\nBest at the shared rate {sweep.shared:g} (one set of runs): {', '.join(shared_best)}." if shared_best else ""
-    return "\n".join(lines) + "\n\n" + significance.legend(significance.family_size(adjusted)) + tail
+    return table + tail
 
 
 def baseline_top(sweep: Sweep) -> float | None:
     """The baseline's rate with the highest mean on the confirmation seeds (None until each rate has a
     finished confirmation run). Chosen on the seeds that then judge it: a bias in the baseline's favour."""
-    grpo = next((r for r in league.ROWS if r.key == BASELINE), None)
+    grpo = _baseline_row()
     if grpo is None or best_lr(sweep, grpo) is None:
         return None
     means = {lr: np.mean(v) for lr in sweep.lrs if (v := finished_values(sweep, grpo, lr, sweep.confirm_seeds))}
@@ -201,25 +206,21 @@ def baseline_top(sweep: Sweep) -> float | None:
 def baseline_table(sweep: Sweep) -> str:
     """The baseline at every rate on the confirmation seeds, each other rate against the shared one (Welch,
     Holm over the table)."""
-    grpo = next((r for r in league.ROWS if r.key == BASELINE), None)
+    grpo = _baseline_row()
     if grpo is None or best_lr(sweep, grpo) is None:
         return "(GRPO's sweep has not finished)"
     shared = finished_values(sweep, grpo, sweep.shared, sweep.confirm_seeds)
-    found = [(lr, a, significance.compare(a, shared)) for lr in sweep.lrs if lr != sweep.shared
-             and (a := finished_values(sweep, grpo, lr, sweep.confirm_seeds)) and shared]
-    adjusted = significance.holm([c.p for *_, c in found])
-    lines = [f"| rate | avg@4 | at the shared {sweep.shared:g} | Δ [95% interval] | p | Holm p | verdict |",
-             "|---|---|---|---|---|---|---|"]
-    for (lr, a, c), p_adj in zip(found, adjusted):
-        lines.append(f"| {lr:g} | {confirm_cell(sweep, a)} | {confirm_cell(sweep, shared)} | {_tested(c, p_adj)} |")
-    return "\n".join(lines) + "\n\n" + significance.legend(significance.family_size(adjusted))
+    found = [(f"{lr:g} | {confirm_cell(sweep, a)} | {confirm_cell(sweep, shared)}", significance.compare(a, shared))
+             for lr in sweep.lrs if lr != sweep.shared and (a := finished_values(sweep, grpo, lr, sweep.confirm_seeds))
+             and shared]
+    return _holm_table(f"rate | avg@4 | at the shared {sweep.shared:g}", found)
 
 
 def versus_grpo(sweep: Sweep, rows, at_best: bool, baseline: str = "chosen") -> str:
     """Each row against GRPO on avg@4 at the budget over the confirmation seeds: both at the shared rate, or
     each at its own best rate; Welch, Holm over the table. With `at_best`, GRPO is at its sweep-chosen rate
     (baseline "chosen") or at its best rate on the confirmation seeds (baseline "top", see baseline_top)."""
-    grpo = next((r for r in league.ROWS if r.key == BASELINE), None)
+    grpo = _baseline_row()
     rate = (lambda row: best_lr(sweep, row)) if at_best else (lambda row: sweep.shared)  # noqa: E731
     if grpo is None or rate(grpo) is None:
         return "(GRPO's runs have not finished)"
@@ -233,13 +234,9 @@ def versus_grpo(sweep: Sweep, rows, at_best: bool, baseline: str = "chosen") -> 
             continue
         a = finished_values(sweep, row, rate(row), sweep.confirm_seeds)
         if a and base:
-            found.append((row, rate(row), a, significance.compare(a, base)))
-    adjusted = significance.holm([c.p for *_, c in found])
-    lines = [f"| row | rate | avg@4 | GRPO (lr {base_rate:g}) | Δ [95% interval] | p | Holm p | verdict |",
-             "|---|---|---|---|---|---|---|---|"]
-    for (row, lr, a, c), p_adj in zip(found, adjusted):
-        lines.append(f"| {row.label} | {lr:g} | {confirm_cell(sweep, a)} | {confirm_cell(sweep, base)} | {_tested(c, p_adj)} |")
-    return "\n".join(lines) + "\n\n" + significance.legend(significance.family_size(adjusted))
+            found.append((f"{row.label} | {rate(row):g} | {confirm_cell(sweep, a)} | {confirm_cell(sweep, base)}",
+                          significance.compare(a, base)))
+    return _holm_table(f"row | rate | avg@4 | GRPO (lr {base_rate:g})", found)
 
 
 def unfinished(sweep: Sweep, rows) -> list[str]:
